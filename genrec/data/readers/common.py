@@ -1,0 +1,103 @@
+"""What every reader returns, and the line-level plumbing they share.
+
+A reader turns one source's raw files into `RawData`: interaction triples (user, item,
+time) in file order, and per-item metadata dicts whose fields the dataset's text
+template uses. Bad lines are counted in a `ReadReport` (file, line numbers of the first
+few) instead of crashing; with `strict=True` the first one is an error.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+
+class DataError(Exception):
+    """A problem with the input data, phrased for the user (no traceback needed)."""
+
+
+@dataclass
+class ReadReport:
+    bad: dict[str, int] = field(default_factory=dict)  # file -> number of skipped records
+    examples: list[str] = field(default_factory=list)  # "file:line: reason" (first few)
+
+    def skip(self, path: Path | str, line: int, reason: str, strict: bool) -> None:
+        where = f"{path}:{line}: {reason}"
+        if strict:
+            raise DataError(f"{where} (dataset.strict=true; set it to false to skip bad records)")
+        self.bad[str(path)] = self.bad.get(str(path), 0) + 1
+        if len(self.examples) < 5:
+            self.examples.append(where)
+
+    @property
+    def total(self) -> int:
+        return sum(self.bad.values())
+
+    def summary(self) -> str:
+        if not self.total:
+            return "no bad records"
+        files = ", ".join(f"{Path(f).name}: {n}" for f, n in self.bad.items())
+        return f"skipped {self.total} bad records ({files}); first: " + "; ".join(self.examples)
+
+
+@dataclass
+class RawData:
+    users: list[str]
+    items: list[str]
+    times: list[float]  # any monotone unit; ties keep file order
+    meta: dict[str, dict] = field(default_factory=dict)  # item -> metadata fields
+    report: ReadReport = field(default_factory=ReadReport)
+
+
+def find_file(root: Path | str, name: str) -> Path:
+    """`root/name`, or its gzipped / un-gzipped twin; a clear error if neither exists."""
+    path = Path(root) / name
+    twin = path.with_suffix("") if path.suffix == ".gz" else path.with_name(path.name + ".gz")
+    for p in (path, twin):
+        if p.exists():
+            return p
+    raise DataError(
+        f"missing data file {path} (nor {twin.name}); set dataset.root or run "
+        f"`python -m genrec.download dataset=<name>`"
+    )
+
+
+def open_text(path: Path) -> io.TextIOBase:
+    if path.suffix == ".gz":
+        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8")
+    return open(path, encoding="utf-8")
+
+
+def iter_records(
+    path: Path, parse: Callable[[str], object], required: tuple[str, ...], report: ReadReport, strict: bool
+) -> Iterator[dict]:
+    """Parse one record per non-empty line; count (or, if strict, raise on) bad ones."""
+    with open_text(path) as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = parse(line)
+            except (ValueError, SyntaxError, MemoryError, RecursionError) as e:
+                report.skip(path, lineno, f"malformed record ({type(e).__name__})", strict)
+                continue
+            if not isinstance(rec, dict):
+                report.skip(path, lineno, "record is not an object", strict)
+                continue
+            missing = [k for k in required if rec.get(k) in (None, "")]
+            if missing:
+                report.skip(path, lineno, f"missing {', '.join(missing)}", strict)
+                continue
+            yield rec
+
+
+def load_json(path: Path) -> object:
+    with open_text(path) as f:
+        try:
+            return json.load(f)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{path}:{e.lineno}: invalid JSON ({e.msg})") from None

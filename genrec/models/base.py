@@ -1,0 +1,73 @@
+"""The backbone interface every objective and the evaluator use.
+
+Token layout (see `genrec.data.sid.SemanticIds`): 0 = pad, 1 = eos, 2 = bos, then the
+codebook tokens of level 0, level 1, ... (level-offset ids). A history is the flattened
+SID tokens of the last `max_history` items followed by eos, **left-padded** with 0.
+
+Contract (B users, N candidates per user, m prefix tokens, V vocabulary):
+
+- `encode(history [B, L], mask [B, L]) -> enc`: the history encoding, computed once per
+  user (TIGER: encoder states and their cross-attention keys/values; Llama: the KV cache
+  of the history prompt). Opaque to callers except for `enc.mask` ([B, L] bool).
+- `prefix_logits(enc, prefix [B, N, m]) -> [B, N, m + 1, V]`: teacher forcing for N
+  target prefixes per user that all share `enc` (never re-encoded per candidate).
+  Position j holds the logits for target token j given bos + prefix[:j]. So the
+  teacher-forced logits of full targets y [B, T] are
+  `prefix_logits(enc, y[:, None, :-1])[:, 0]` -> [B, T, V]; m may be 0 (first step only).
+- `start(enc) -> state` and `step(state, tokens [B, K] | None, parents [B, K] | None)
+  -> (logits [B, K, V], state)`: incremental decoding for beam search. The first call
+  passes tokens=None and returns the first-token logits with K=1. Each later call
+  appends `tokens` to the beams selected by `parents` (indices into the previous step's
+  beams, so beams may be re-ordered, duplicated or dropped and K may change) and returns
+  the next-token logits. Backbones override this with a cached implementation; the
+  default here re-runs `prefix_logits` and is the obviously-correct reference.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+PAD, EOS, BOS = 0, 1, 2
+
+
+@dataclass
+class PrefixState:
+    """Decoding state of the reference `step`: the history encoding and the beams so far."""
+
+    enc: Any
+    prefix: torch.Tensor  # [B, K, m]
+
+
+class Backbone(nn.Module):
+    vocab_size: int
+
+    def encode(self, history: torch.Tensor, mask: torch.Tensor) -> Any:
+        raise NotImplementedError
+
+    def prefix_logits(self, enc: Any, prefix: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def target_logits(self, history: torch.Tensor, mask: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """Teacher-forced logits [B, T, V] for targets [B, T] (one encoder pass)."""
+        return self.prefix_logits(self.encode(history, mask), target[:, None, :-1])[:, 0]
+
+    def start(self, enc: Any) -> Any:
+        return PrefixState(enc, enc.mask.new_zeros(enc.mask.shape[0], 1, 0, dtype=torch.long))
+
+    def step(self, state: Any, tokens: torch.Tensor | None, parents: torch.Tensor | None):
+        prefix = state.prefix
+        if tokens is not None:
+            prefix = torch.gather(prefix, 1, parents[..., None].expand(-1, -1, prefix.shape[-1]))
+            prefix = torch.cat([prefix, tokens[..., None]], dim=-1)
+        logits = self.prefix_logits(state.enc, prefix)[:, :, -1]
+        return logits, PrefixState(state.enc, prefix)
+
+
+def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """s^t = log softmax(z^t / tau)[y^t]: logits [..., T, V], tokens [..., T] -> [..., T]."""
+    logp = torch.log_softmax(logits.float() / temperature, dim=-1)
+    return logp.gather(-1, tokens[..., None]).squeeze(-1)

@@ -1,0 +1,50 @@
+"""The objective interface: batch + backbone + trie -> (loss, named terms to log).
+
+A training batch is a dict of tensors (see `genrec.data.datamodule.collate`):
+  history [B, L] long   flattened SID tokens of the history + eos, left-padded with 0
+  mask    [B, L] bool   True on real history tokens
+  target  [B, T] long   the target item's SID tokens (level-offset ids)
+  target_cand [B] long  the target's candidate index (row of `SemanticIds.cand_codes`)
+  index   [B] long      the example's index in the training split (seeded per-example
+                        randomness, e.g. negatives, uses it so results do not depend on
+                        batch order or the number of processes)
+
+Objectives are `nn.Module`s: training state (e.g. APAO's adaptive weights) lives in
+buffers, so it is checkpointed and restored with the LightningModule. To add one: one
+file here with a subclass, one YAML under `conf/objective/` with its `_target_`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from genrec.data.semantic_ids import SemanticIds
+from genrec.eval.trie import Trie
+from genrec.models.base import Backbone
+
+
+@dataclass
+class TrainContext:
+    """What the training loop hands an objective once, before the first step."""
+
+    sids: SemanticIds
+    trie: Trie
+    item_counts: np.ndarray  # [num_candidates] training-target frequency (popularity negatives)
+    eval_beam: int  # the evaluator's beam width (BEAR's default B)
+    seed: int
+
+
+class Objective(nn.Module):
+    def setup(self, ctx: TrainContext, backbone: Backbone) -> None:
+        """Called once before training (and before a checkpoint is restored)."""
+        self.ctx = ctx
+
+    def on_epoch_start(self, epoch: int) -> None:
+        """Called at the start of every training epoch (e.g. to resample negatives)."""
+
+    def forward(self, batch: dict, backbone: Backbone, trie: Trie) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        raise NotImplementedError
