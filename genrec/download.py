@@ -1,0 +1,97 @@
+"""`python -m genrec.download dataset=<name>`: fetch a dataset's public raw files into its reader root.
+
+Each URL streams to `<root>/<basename>` through a temp file in the same folder and an atomic
+rename, so an interrupted or failed download never leaves a file a later run would trust.
+Files already present are skipped. Datasets without a public URL (Yelp) print where to get them.
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+import sys
+import tempfile
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path, PurePosixPath
+from typing import Callable
+
+import hydra
+from omegaconf import DictConfig
+from tqdm import tqdm
+
+from genrec.data.readers.common import DataError
+
+CHUNK = 1 << 20
+
+
+def filename(url: str) -> str:
+    name = PurePosixPath(urllib.parse.unquote(urllib.parse.urlparse(url).path)).name
+    if not name:
+        raise DataError(f"download failed: {url}: the URL names no file")
+    return name
+
+
+def download(urls: list[str], dest: Path, fetch: Callable = urllib.request.urlopen) -> list[Path]:
+    """Stream each URL to dest/<basename> (skipping existing files); return the paths."""
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for url in urls:
+        target = dest / filename(url)
+        paths.append(target)
+        if target.exists():
+            print(f"{target} exists, skipping")
+            continue
+        fd, tmp = tempfile.mkstemp(dir=dest, prefix=f".{target.name}.", suffix=".part")
+        try:
+            with os.fdopen(fd, "wb") as out, fetch(url) as response:
+                size = int(getattr(response, "headers", {}).get("Content-Length") or 0) or None
+                done = 0
+                with tqdm(total=size, unit="B", unit_scale=True, desc=target.name) as bar:
+                    while chunk := response.read(CHUNK):
+                        out.write(chunk)
+                        done += len(chunk)
+                        bar.update(len(chunk))
+                if size is not None and done != size:
+                    raise OSError(f"truncated: got {done} of {size} bytes")
+            os.replace(tmp, target)
+        except (OSError, ValueError, http.client.HTTPException) as e:
+            reason = e.reason if type(e) is urllib.error.URLError else e  # unwrap "<urlopen error ...>"
+            raise DataError(f"download failed: {url}: {reason}") from None
+        finally:
+            Path(tmp).unlink(missing_ok=True)
+    return paths
+
+
+def fetch_dataset(cfg: DictConfig, fetch: Callable = urllib.request.urlopen) -> list[Path]:
+    """Download `cfg.dataset.download` into `cfg.dataset.reader.root`, or say where to get the files."""
+    ds = cfg.dataset
+    root = Path(ds.reader.root)
+    files = [str(v) for k, v in ds.reader.items() if k not in ("_target_", "root") and isinstance(v, str)]
+    urls = list(ds.get("download") or [])
+    if not urls:
+        page = ds.get("download_page") or "the dataset's home page"
+        print(f"dataset={ds.name} has no public direct download: get it from {page} "
+              f"and put {', '.join(files)} (or their .gz) in {root}")
+        return []
+    paths = download(urls, root, fetch)
+    print(f"dataset={ds.name}: {len(paths)} files in {root}")
+    return paths
+
+
+@hydra.main(config_path="../conf", config_name="config", version_base=None)
+def main(cfg: DictConfig) -> None:
+    try:
+        fetch_dataset(cfg)
+    except DataError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    # a download is not an experiment: no run folder under outputs/, no log file (user overrides come later)
+    sys.argv[1:1] = ["hydra.run.dir=.", "hydra.output_subdir=null",
+                     "hydra/job_logging=none", "hydra/hydra_logging=none"]
+    main()

@@ -1,0 +1,58 @@
+"""Beam-search evaluation (plus optional exact full ranking) of one batch, and the metrics.
+
+`per_example` returns per-example rows so the training loop can gather them from every
+DDP rank, drop duplicated `index`es (padding of the distributed sampler) and only then
+`summarize`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from genrec.eval import metrics
+from genrec.eval.beam import beam_search
+from genrec.eval.fullrank import full_scores, rank_of
+from genrec.eval.trie import Trie
+from genrec.models.base import Backbone
+
+
+class Evaluator:
+    def __init__(self, beam: int = 20, ks: Sequence[int] = (5, 10, 20), full_rank: bool = False, chunk: int = 256) -> None:
+        self.beam = beam
+        self.ks = [int(k) for k in ks]
+        self.full_rank = full_rank
+        self.chunk = chunk  # users per full-ranking pass (bounds its memory)
+
+    @torch.no_grad()
+    def per_example(self, backbone: Backbone, trie: Trie, batch: dict) -> dict[str, torch.Tensor]:
+        """index [B]; rank [B] (target's 1-based rank in the beam list, 0 = not returned);
+        prefix_hit [B, T] (target's m-prefix kept at step m); full_rank [B] if enabled."""
+        enc = backbone.encode(batch["history"], batch["mask"])
+        res = beam_search(backbone, enc, trie, self.beam)
+        target = batch["target_cand"]
+        hit = res.cands == target[:, None]
+        rank = torch.where(hit.any(1), hit.int().argmax(1) + 1, 0)
+        target_pid = trie.cand_prefix_id[target]  # [B, T + 1]
+        prefix_hit = torch.stack([(p == target_pid[:, m + 1, None]).any(1) for m, p in enumerate(res.prefix_ids)], 1)
+        rows = {"index": batch["index"], "rank": rank, "prefix_hit": prefix_hit}
+        if self.full_rank:
+            rows["full_rank"] = rank_of(full_scores(backbone, enc, trie, self.chunk), target)
+        return rows
+
+    def summarize(self, rows: dict[str, torch.Tensor]) -> dict[str, float]:
+        rank = rows["rank"]
+        out = {}
+        for k in self.ks:
+            out[f"recall@{k}"] = metrics.recall(rank, k)
+            out[f"ndcg@{k}"] = metrics.ndcg(rank, k)
+        for m, r in enumerate(metrics.prefix_recall(rows["prefix_hit"]), 1):
+            out[f"prefix_recall@{m}"] = r
+        if "full_rank" in rows:
+            full = rows["full_rank"]
+            for k in self.ks:
+                out[f"full/recall@{k}"] = metrics.recall(full, k)
+                out[f"full/ndcg@{k}"] = metrics.ndcg(full, k)
+                out[f"pruning_rate@{k}"] = metrics.pruning_rate(full, rank, k)
+        return out

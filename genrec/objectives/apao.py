@@ -1,0 +1,160 @@
+"""APAO (one stage): L = L_CE + beta * sum_{m=1..T} w_m L_m over the target's prefix lengths m.
+
+S^m = sum_{t<=m} s^t / tau_p (tau_p = `prefix_temperature`; s^t at the CE temperature).
+loss:
+  pointwise  L_m = -(1/m) S^m_+ (re-uses the CE logits: no extra forward).
+  pairwise   L_m = -(1/m) log( e^{S_+} / (e^{S_+} + c_m sum_j e^{S_j}) ), N negatives j scored
+             together with the positive in one `prefix_logits` call on one history encoding.
+             At level m a negative whose m-prefix equals the positive's or an earlier negative's
+             is masked (`mask_collisions`), and c_m = (P_m - 1) / #unmasked negatives, P_m the
+             number of distinct m-prefixes in the catalogue (`correction`).
+  listwise   (beyond the paper) the plain sampled softmax -log softmax([S_+, S_j])_+ per prefix
+             length over the unmasked negatives, without c_m and 1/m.
+weights (detached):
+  paper      w on the simplex as training state (a buffer: checkpointed), uniform at start; each
+             training step w_m <- w_m exp(eta L_m) / Z with this batch's L_m (averaged over
+             processes), then the updated w weights this batch's losses (as in group DRO).
+  released   recomputed per batch: w_m ∝ L_m exp(eta L_m) (∝ L_m at eta = 0).
+  uniform    1 / T.     hardmax    one-hot on argmax_m L_m.
+`drop_prefix` = m removes prefix length m from the sum (ablation). `bear` = {lam, xi, beam,
+widths} adds BEAR's regularizer on the positive (APAO + BEAR).
+Logged: apao/ce, apao/prefix (sum_m w_m L_m), apao/L{m}, apao/w{m}.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from genrec.eval.trie import Trie
+from genrec.models.base import Backbone, token_logprobs
+from genrec.objectives import bear as bear_lib
+from genrec.objectives.ce import CE
+from genrec.objectives.negatives import Negatives, make_negatives
+
+
+def collision_mask(pid: torch.Tensor) -> torch.Tensor:
+    """pid [B, K, T]: prefix ids of K candidates per row (positive first) at each level ->
+    bool [B, K, T], True where the m-prefix equals that of an earlier candidate in the row."""
+    ordered, order = pid.sort(dim=1, stable=True)
+    dup = torch.zeros_like(ordered, dtype=torch.bool)
+    dup[:, 1:] = ordered[:, 1:] == ordered[:, :-1]
+    return torch.empty_like(dup).scatter_(1, order, dup)
+
+
+def softmax_prefix_loss(S: torch.Tensor, masked: torch.Tensor, log_c: torch.Tensor | None) -> torch.Tensor:
+    """-log( e^{S_+} / (e^{S_+} + c sum_j e^{S_j}) ) [B, T] for S [B, 1 + N, T] (positive first),
+    masked [B, N, T] negatives left out, log_c [B, T] (None: c = 1)."""
+    pos, neg = S[:, 0], S[:, 1:].masked_fill(masked, float("-inf"))
+    if log_c is not None:
+        neg = neg + log_c[:, None]
+    return torch.logsumexp(torch.cat([pos[:, None], neg], 1), 1) - pos
+
+
+def _process_mean(x: torch.Tensor) -> torch.Tensor:
+    if dist.is_available() and dist.is_initialized():
+        x = x.clone()
+        dist.all_reduce(x)
+        x = x / dist.get_world_size()
+    return x
+
+
+class APAO(CE):
+    def __init__(
+        self,
+        loss: str = "pairwise",
+        weights: str = "paper",
+        beta: float = 0.1,
+        eta: float = 1e-5,
+        prefix_temperature: float = 1.0,
+        num_negatives: int = 100,
+        correction: bool = True,
+        mask_collisions: bool = True,
+        drop_prefix: int | None = None,
+        negatives: Negatives | dict | None = None,
+        bear: dict | None = None,
+        temperature: float = 1.0,
+        end_token: bool = False,
+    ) -> None:
+        super().__init__(temperature, end_token)
+        if loss not in ("pointwise", "pairwise", "listwise"):
+            raise ValueError(f"unknown APAO loss {loss!r}")
+        if weights not in ("paper", "released", "uniform", "hardmax"):
+            raise ValueError(f"unknown APAO weights {weights!r}")
+        self.loss, self.weighting, self.beta, self.eta = loss, weights, beta, eta
+        self.prefix_temperature, self.num_negatives = prefix_temperature, num_negatives
+        self.correction, self.mask_collisions, self.drop_prefix = correction, mask_collisions, drop_prefix
+        self.negatives = make_negatives(negatives)
+        self.bear = dict(bear) if bear else None
+
+    def setup(self, ctx, backbone: Backbone) -> None:
+        super().setup(ctx, backbone)
+        T = ctx.sids.num_levels
+        keep = torch.ones(T, dtype=torch.bool)
+        if self.drop_prefix is not None:
+            keep[self.drop_prefix - 1] = False
+        self.register_buffer("keep", keep, persistent=False)
+        if "weights" not in self._buffers:  # training state: restored from a checkpoint after setup
+            self.register_buffer("weights", keep.double() / keep.sum())
+        if self.loss != "pointwise":
+            self.negatives.setup(ctx)
+        if self.bear is not None:
+            b = self.bear
+            self.bear_widths = list(b.get("widths") or [b.get("beam") or ctx.eval_beam])
+
+    def prefix_weights(self, L: torch.Tensor) -> torch.Tensor:
+        """w [T] (detached) for this batch's prefix losses L [T] (detached)."""
+        keep = self.keep.to(L.device)
+        if self.weighting == "paper":
+            if self.training and torch.is_grad_enabled():
+                w = self.weights * torch.exp(self.eta * _process_mean(L).double())
+                self.weights.copy_(w / w.sum())
+            return self.weights.to(L.dtype)
+        if self.weighting == "released":
+            w = L * keep * torch.exp(self.eta * L)
+            return torch.where(w.sum() > 0, w / w.sum().clamp(min=1e-30), keep / keep.sum())
+        if self.weighting == "uniform":
+            return keep.to(L.dtype) / keep.sum()
+        return torch.nn.functional.one_hot(L.masked_fill(~keep, float("-inf")).argmax(), len(L)).to(L.dtype)
+
+    def forward(self, batch: dict, backbone: Backbone, trie: Trie) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        target = batch["target"]
+        T = target.shape[1]
+        m = torch.arange(1, T + 1, device=target.device)
+        if self.loss == "pointwise":
+            enc, logits = self.teacher_forced(batch, backbone)
+            s = token_logprobs(logits, self.scored(target), self.temperature)  # [B, T(+1)]
+            ce, pos_logits = -s.mean(), logits
+            L = -(s[:, :T].cumsum(1) / m).mean(0) / self.prefix_temperature
+        else:
+            enc = backbone.encode(batch["history"], batch["mask"])
+            negs = self.negatives.sample(batch, self.num_negatives, backbone, enc)  # [B, N]
+            tokens = torch.cat([target[:, None], self.negatives.cand_tokens.to(target.device)[negs]], 1)
+            logits = backbone.prefix_logits(enc, self.prefixes(tokens))  # [B, 1 + N, T(+1), V]
+            s = token_logprobs(logits, self.scored(tokens), self.temperature)
+            ce, pos_logits = -s[:, 0].mean(), logits[:, 0]
+            S = s[..., :T].cumsum(-1) / self.prefix_temperature  # [B, 1 + N, T]
+            cands = torch.cat([batch["target_cand"][:, None], negs], 1)
+            masked = collision_mask(trie.cand_prefix_id[cands][..., 1:])[:, 1:]
+            if not self.mask_collisions:
+                masked = torch.zeros_like(masked)
+            log_c = None
+            if self.loss == "pairwise" and self.correction:
+                P = torch.tensor([trie.num_prefixes(k) for k in range(1, T + 1)], device=target.device)
+                log_c = torch.log((P - 1) / (~masked).sum(1).clamp(min=1))  # [B, T]
+            L = softmax_prefix_loss(S, masked, log_c)
+            L = (L / m if self.loss == "pairwise" else L).mean(0)
+        w = self.prefix_weights(L.detach())
+        prefix = (w * L).sum()
+        loss = ce + self.beta * prefix
+        terms = {"apao/ce": ce.detach(), "apao/prefix": prefix.detach()}
+        terms.update({f"apao/L{k + 1}": L[k].detach() for k in range(T)})
+        terms.update({f"apao/w{k + 1}": w[k].detach() for k in range(T)})
+        if self.bear is not None:
+            logp = torch.log_softmax(pos_logits[:, :T].float() / self.temperature, -1)
+            delta = bear_lib.deltas(logp, target, trie.target_masks(target), self.bear_widths)
+            reg = bear_lib.regularizer(delta, self.bear.get("xi", 2.75)).mean()
+            loss = loss + self.bear.get("lam", 0.1) * reg
+            terms["apao/bear_reg"] = reg.detach()
+            terms.update(bear_lib.outside_terms(delta, self.bear_widths))
+        return loss, terms

@@ -1,0 +1,98 @@
+"""BEAR: make the target token survive a width-B beam at every step.
+
+beta_t^B = the B-th largest probability among the tokens the trie allows after the ground-truth
+prefix (fewer than B valid children: the smallest valid one), detached; Delta_t = log beta_t^B - s^t.
+
+form=regularizer (paper):  L = L_CE + lam * mean_b sum_t log sigmoid(Delta_t / xi)
+form=reweight (released):  trie-masked CE with detached per-token weights
+    w_t = 1 + lam * sigmoid((s^t - log beta_t^B) / xi),
+    L = -sum w_t s^t / sum w_t over the tokens with more than one valid child
+    (a single valid child has s^t = 0 under the mask, so it carries no signal).
+Both give the token the gradient weight (const + sigmoid((s^t - log beta)/xi)) on grad s^t;
+with the same softmax (`masked=True`) they coincide for lam_reweight = T * lam_reg / xi.
+`widths` (beyond the papers) averages the term over several beam widths. The share of targets
+outside the top-B at each step is logged as `bear/out{t}@{B}`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from genrec.eval.trie import Trie
+from genrec.models.base import Backbone
+from genrec.objectives.ce import CE
+from genrec.objectives.msl import allowed_masks
+
+
+def threshold(logp: torch.Tensor, allowed: torch.Tensor, width: int) -> torch.Tensor:
+    """log beta^B [...]: the width-th largest allowed log-prob of logp [..., V] (fewer allowed:
+    the smallest allowed one), detached."""
+    logp = logp.detach().masked_fill(~allowed, float("-inf"))
+    top = logp.topk(min(width, logp.shape[-1]), dim=-1).values
+    k = allowed.sum(-1).clamp(1, width) - 1
+    return top.gather(-1, k[..., None]).squeeze(-1)
+
+
+def deltas(logp: torch.Tensor, tokens: torch.Tensor, allowed: torch.Tensor, widths: list[int]) -> torch.Tensor:
+    """Delta [W, ..., T] = log beta^B - s for log-probs [..., T, V] of targets [..., T]."""
+    s = logp.gather(-1, tokens[..., None]).squeeze(-1)
+    return torch.stack([threshold(logp, allowed, b) - s for b in widths])
+
+
+def regularizer(delta: torch.Tensor, xi: float) -> torch.Tensor:
+    """L_reg [...] = sum_t log sigmoid(Delta_t / xi), averaged over the widths."""
+    return F.logsigmoid(delta / xi).sum(-1).mean(0)
+
+
+def outside_terms(delta: torch.Tensor, widths: list[int]) -> dict[str, torch.Tensor]:
+    """Share of targets outside the top-B at each step (Delta > 0), per width."""
+    out = (delta.detach() > 0).float().flatten(1, -2).mean(1)  # [W, T]
+    return {f"bear/out{t + 1}@{b}": out[i, t] for i, b in enumerate(widths) for t in range(out.shape[1])}
+
+
+class BEAR(CE):
+    def __init__(
+        self,
+        form: str = "regularizer",
+        lam: float = 0.1,
+        xi: float = 2.75,
+        beam: int | None = None,
+        widths: list[int] | None = None,
+        masked: bool = False,
+        temperature: float = 1.0,
+        end_token: bool = False,
+    ) -> None:
+        super().__init__(temperature, end_token)
+        if form not in ("regularizer", "reweight"):
+            raise ValueError(f"unknown BEAR form {form!r}")
+        self.form, self.lam, self.xi, self.masked = form, lam, xi, masked
+        self.beam, self.widths = beam, list(widths) if widths else None
+
+    def setup(self, ctx, backbone: Backbone) -> None:
+        super().setup(ctx, backbone)
+        self.widths = self.widths or [self.beam or ctx.eval_beam]
+
+    def forward(self, batch: dict, backbone: Backbone, trie: Trie) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        target = batch["target"]
+        T = target.shape[1]
+        _, logits = self.teacher_forced(batch, backbone)
+        allowed = allowed_masks(trie, target, self.end_token)
+        z = logits.float() / self.temperature
+        if self.masked or self.form == "reweight":
+            z = z.masked_fill(~allowed, float("-inf"))
+        logp = torch.log_softmax(z, -1)
+        s = logp.gather(-1, self.scored(target)[..., None]).squeeze(-1)  # [B, T(+1)]
+        delta = deltas(logp[:, :T], target, allowed[:, :T], self.widths)  # [W, B, T]
+        terms = outside_terms(delta, self.widths)
+        if self.form == "regularizer":
+            ce, reg = -s.mean(), regularizer(delta, self.xi).mean()
+            loss = ce + self.lam * reg
+            terms.update({"bear/ce": ce.detach(), "bear/reg": reg.detach()})
+        else:
+            w = 1 + self.lam * torch.sigmoid(-delta.detach() / self.xi).mean(0)  # [B, T]
+            multi = allowed[:, :T].sum(-1) > 1
+            w = w * multi
+            loss = -(w * s[:, :T]).sum() / w.sum().clamp(min=1e-12)
+            terms["bear/w_mean"] = (w.sum() / multi.sum().clamp(min=1)).detach()
+        return loss, terms

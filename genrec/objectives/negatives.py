@@ -1,0 +1,114 @@
+"""Negative samplers for the pairwise / listwise prefix losses and S-DPO.
+
+Negatives are candidate ids (rows of `SemanticIds.cand_codes`, i.e. distinct codes), never the
+target's. Every random draw is a counter-based hash of (seed, epoch // refresh_every, example
+index, slot), computed on the device: the negatives of an example do not depend on batch order,
+batch size or the number of processes, and change every `refresh_every` epochs.
+
+kinds (config `negatives: {kind: ..., refresh_every: 1, alpha: 1.0, pool: 400}`):
+  uniform     uniform over the other candidates, with replacement.
+  popularity  proportional to (training-target count + 1) ** alpha over the other candidates.
+  hard        the `num` highest-scoring of `pool` uniform draws, scored by the full-item
+              log-prob S^T under the current model (no grad, re-using the batch's history
+              encoding): one extra teacher-forced pass over `pool` candidates per step, no beam
+              search. The pool is redrawn every refresh; the scoring uses the current weights.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from genrec.models.base import Backbone, token_logprobs
+
+M32 = 0xFFFFFFFF
+
+
+def _mul32(a: torch.Tensor, c: int) -> torch.Tensor:
+    """(a * c) mod 2**32 for a in [0, 2**32), in int64 without overflow (16-bit halves)."""
+    return ((a & 0xFFFF) * c + ((((a >> 16) * c) & 0xFFFF) << 16)) & M32
+
+
+def _fmix32(h: torch.Tensor) -> torch.Tensor:
+    """MurmurHash3's 32-bit finaliser."""
+    h = h ^ (h >> 16)
+    h = _mul32(h, 0x85EBCA6B)
+    h = h ^ (h >> 13)
+    h = _mul32(h, 0xC2B2AE35)
+    return h ^ (h >> 16)
+
+
+def hash32(*keys: torch.Tensor | int, device: torch.device | str | None = None) -> torch.Tensor:
+    """Well-mixed 32-bit values (int64 in [0, 2**32)) of broadcast integer keys."""
+    h = torch.zeros((), dtype=torch.long, device=device)
+    for k in keys:
+        k = torch.as_tensor(k, dtype=torch.long, device=device) & M32
+        h = _fmix32(_mul32(h, 0x01000193) ^ _fmix32(k ^ 0x9E3779B9))
+    return h
+
+
+class Negatives(nn.Module):
+    def __init__(self, kind: str = "uniform", refresh_every: int = 1, alpha: float = 1.0, pool: int = 400) -> None:
+        super().__init__()
+        if kind not in ("uniform", "popularity", "hard"):
+            raise ValueError(f"unknown negative sampler {kind!r}")
+        self.kind, self.refresh_every, self.alpha, self.pool = kind, refresh_every, alpha, pool
+        self.epoch = 0
+
+    def setup(self, ctx) -> None:
+        """ctx: a `TrainContext` (catalogue, item counts, seed)."""
+        self.seed = int(ctx.seed)
+        self.num_candidates = ctx.sids.num_candidates
+        if self.num_candidates < 2:
+            raise ValueError("negative sampling needs at least 2 distinct item codes")
+        self.register_buffer("cand_tokens", ctx.sids.cand_tokens(), persistent=False)
+        weight = (torch.as_tensor(ctx.item_counts, dtype=torch.float64) + 1) ** self.alpha
+        self.register_buffer("weight", weight, persistent=False)
+        self.register_buffer("cdf", weight.cumsum(0), persistent=False)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def draws(self, index: torch.Tensor, num: int) -> torch.Tensor:
+        """[B, num] 32-bit draws for the examples `index` [B] in the current refresh period."""
+        slot = torch.arange(num, device=index.device)
+        return hash32(self.seed, self.epoch // self.refresh_every, index[:, None], slot[None], device=index.device)
+
+    def uniform(self, index: torch.Tensor, target: torch.Tensor, num: int) -> torch.Tensor:
+        """Uniform over the C - 1 candidates other than `target` [B] -> [B, num]."""
+        r = (self.draws(index, num) * (self.num_candidates - 1)) >> 32
+        return r + (r >= target[:, None]).long()
+
+    def popularity(self, index: torch.Tensor, target: torch.Tensor, num: int) -> torch.Tensor:
+        """Inverse-CDF sampling with the target's mass cut out of the interval (exact)."""
+        cdf, weight = self.cdf.to(index.device), self.weight.to(index.device)
+        u = self.draws(index, num).double() / 2.0**32
+        w_t = weight[target][:, None]
+        x = u * (cdf[-1] - w_t)
+        x = x + w_t * (x >= (cdf[target] - weight[target])[:, None])
+        neg = torch.searchsorted(cdf, x, right=True).clamp(max=self.num_candidates - 1)
+        # Rounding at an interval edge could land on the target: step to its neighbour.
+        return torch.where(neg == target[:, None], (neg + 1) % self.num_candidates, neg)
+
+    @torch.no_grad()
+    def hard(self, index: torch.Tensor, target: torch.Tensor, num: int, backbone: Backbone, enc: Any) -> torch.Tensor:
+        pool = self.uniform(index, target, max(self.pool, num))  # [B, P]
+        tokens = self.cand_tokens.to(index.device)[pool]  # [B, P, T]
+        score = token_logprobs(backbone.prefix_logits(enc, tokens[..., :-1]), tokens).sum(-1)
+        return pool.gather(1, score.topk(num, dim=1).indices)
+
+    def sample(self, batch: dict, num: int, backbone: Backbone | None = None, enc: Any = None) -> torch.Tensor:
+        """[B, num] negative candidate ids for the batch (`hard` needs the backbone and `enc`)."""
+        index, target = batch["index"], batch["target_cand"]
+        if self.kind == "uniform":
+            return self.uniform(index, target, num)
+        if self.kind == "popularity":
+            return self.popularity(index, target, num)
+        return self.hard(index, target, num, backbone, enc)
+
+
+def make_negatives(cfg: Negatives | dict | None) -> Negatives:
+    """A sampler from a config dict (`kind`, `refresh_every`, ...), an instance, or None (uniform)."""
+    return cfg if isinstance(cfg, Negatives) else Negatives(**(cfg or {}))

@@ -1,0 +1,127 @@
+"""The data stage: raw files -> sequences + splits -> item embeddings -> semantic IDs.
+
+    python -m genrec.prepare dataset=lcrec dataset.root=../shared/data/apao-office dataset.name=Office
+
+Each artefact is cached under `data_dir` by a hash of the config that made it (see
+`genrec.data.store`), so a sweep over objectives re-uses one tokenisation. Prints a
+summary; the last line is one JSON object for scripts.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+
+import hydra
+import numpy as np
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from genrec.data.preprocess import SeqData, build_sequences, item_texts, leave_one_out, sliding_window
+from genrec.data.readers.common import DataError
+from genrec.data.semantic_ids import SemanticIds
+from genrec.data.store import cached, read_meta
+
+SPLITS = ("loo", "sliding")
+
+
+@dataclass
+class Prepared:
+    seq: SeqData
+    sids: SemanticIds
+    summary: dict = field(default_factory=dict)
+
+
+def _plain(node) -> dict:
+    return OmegaConf.to_container(node, resolve=True)
+
+
+def prepare(cfg: DictConfig, log=print) -> Prepared:
+    """Build (or load from cache) every data-stage artefact for `cfg`."""
+    ds, root = cfg.dataset, cfg.data_dir
+    if ds.split not in SPLITS:
+        raise DataError(f"dataset.split={ds.split!r} is not one of {', '.join(SPLITS)}")
+    timings, hits = {}, {}
+    start = time.time()
+
+    def build_sequences_stage(tmp):
+        raw = instantiate(ds.reader, strict=ds.strict)
+        users, items, flat, times, offsets = build_sequences(raw, int(ds.kcore), where=f"dataset {ds.name}")
+        splits = leave_one_out(offsets) if ds.split == "loo" else sliding_window(offsets, times)
+        if not len(splits["train"]):
+            raise DataError(f"dataset {ds.name}: no training examples after the split; check dataset.kcore/split")
+        SeqData(users, items, item_texts(items, raw.meta, ds.text_template), flat, offsets, splits).save(tmp)
+        return {"bad_records": raw.report.total, "read_report": raw.report.summary()}
+
+    seq_cfg = {k: _plain(ds)[k] for k in ("reader", "kcore", "split", "text_template")}
+    seq_path, hits["sequences"] = cached(root, "sequences", seq_cfg, build_sequences_stage)
+    seq = SeqData.load(seq_path)
+    timings["sequences"] = time.time() - start
+    report = read_meta(seq_path).get("read_report", "")
+    if report and report != "no bad records":
+        log(f"[data] {report}")
+
+    tokenizer = instantiate(cfg.tokenizer)
+    emb_key = None
+    if tokenizer.needs_embeddings:
+        t = time.time()
+
+        def build_embeddings(tmp):
+            emb = instantiate(cfg.embedder)(seq.item_text)
+            np.save(tmp / "embeddings.npy", emb)
+            return {"shape": list(emb.shape)}
+
+        emb_path, hits["embeddings"] = cached(root, "embeddings", {"sequences": seq_path.name,
+                                                                   "embedder": _plain(cfg.embedder)}, build_embeddings)
+        emb_key = emb_path.name
+        timings["embeddings"] = time.time() - t
+
+    t = time.time()
+
+    def build_sids(tmp):
+        emb = np.load(emb_path / "embeddings.npy") if emb_key else None
+        sids = tokenizer(emb, seq.item_ids)
+        sids.save(tmp)
+        return {**tokenizer.facts, **sids.stats()}
+
+    sid_path, hits["sids"] = cached(root, "sids", {"sequences": seq_path.name, "embeddings": emb_key,
+                                                   "tokenizer": _plain(cfg.tokenizer)}, build_sids)
+    sids = SemanticIds.load(sid_path)
+    if len(sids.codes) != seq.num_items:
+        raise DataError(f"semantic IDs at {sid_path} cover {len(sids.codes)} items, the dataset has {seq.num_items}")
+    timings["sids"] = time.time() - t
+    facts = {k: v for k, v in read_meta(sid_path).items() if k.endswith("_before")}
+    summary = {"dataset": ds.name, **seq.stats(), **sids.stats(), **facts,
+               "cache_hits": hits, "timings": {k: round(v, 3) for k, v in timings.items()},
+               "seconds": round(time.time() - start, 3), "artefacts": str(sid_path)}
+    return Prepared(seq, sids, summary)
+
+
+def print_summary(s: dict) -> None:
+    print(f"dataset      {s['dataset']}: {s['users']} users, {s['items']} items, {s['interactions']} interactions, "
+          f"density {s['density']:.5f}")
+    print("splits       " + ", ".join(f"{k[:-9]} {v}" for k, v in s.items() if k.endswith("_examples")))
+    usage = ", ".join(f"{u:.0%}" for u in s["codebook_usage"])
+    print(f"semantic IDs T={s['levels']} sizes {s['codebook_sizes']}, codebook usage {usage}; "
+          f"{s['unique_codes']} unique codes, collision rate {s['collision_rate']:.4f}, "
+          f"largest collision group {s['max_collision']} (before disambiguation: "
+          f"{s.get('unique_codes_before', '?')} unique, largest group {s.get('max_collision_before', '?')})")
+    stages = ", ".join(f"{k} {v:.2f}s{' (cached)' if s['cache_hits'].get(k) else ''}" for k, v in s["timings"].items())
+    print(f"timings      {stages}; total {s['seconds']:.2f}s")
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+def main(cfg: DictConfig) -> None:
+    try:
+        prepared = prepare(cfg)
+    except DataError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    print_summary(prepared.summary)
+    print(json.dumps(prepared.summary))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,143 @@
+"""Tiger and Llama against the HF models they wrap, and their cached paths against brute force."""
+
+from pathlib import Path
+
+import pytest
+import torch
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+from toy import random_batch, random_sids
+
+from genrec.models.base import BOS, Backbone
+
+CONF = Path(__file__).parents[1] / "conf" / "backbone"
+SIDS = random_sids(60, [6, 5, 4])
+V = SIDS.vocab_size
+NAMES = ["tiger", "llama"]
+TWO_LAYERS = {"tiger": {"num_layers": 2, "num_decoder_layers": 2}, "llama": {}}
+
+
+def make(name: str, tiny: bool = True, **over) -> Backbone:
+    torch.manual_seed(0)
+    cfg = OmegaConf.load(CONF / f"{name}{'_tiny' if tiny else ''}.yaml")
+    extra = {**TWO_LAYERS[name], **over} if tiny else over
+    return instantiate(cfg, vocab_size=V, max_positions=64, **extra).double().eval()
+
+
+def batch(n: int = 5, seed: int = 0) -> dict:
+    return random_batch(SIDS, n, hist_items=4, seed=seed)
+
+
+def hf_logits(model: Backbone, history, mask, prefix) -> torch.Tensor:
+    """The wrapped HF model's own forward: logits [B, m + 1, V] after each prefix [B, m] token."""
+    if hasattr(model.hf, "encoder"):  # T5
+        bos = torch.full((len(prefix), 1), BOS)
+        return model.hf(input_ids=history, attention_mask=mask.long(), decoder_input_ids=torch.cat([bos, prefix], 1)).logits
+    am = torch.cat([mask, torch.ones_like(prefix, dtype=torch.bool)], 1).long()
+    pos = (am.cumsum(-1) - 1).masked_fill(am == 0, 1)
+    out = model.hf(input_ids=torch.cat([history, prefix], 1), attention_mask=am, position_ids=pos).logits
+    return out[:, history.shape[1] - 1 :]
+
+
+def random_prefix(B: int, N: int, m: int, seed: int) -> torch.Tensor:
+    """Candidate prefixes: real item codes, so candidates of a user share prefixes."""
+    g = torch.Generator().manual_seed(seed)
+    return SIDS.item_tokens()[torch.randint(60, (B, N), generator=g)][..., :m]
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("m", [0, 1, 2])
+def test_prefix_logits_match_hf_and_per_candidate(name, m):
+    model, b = make(name), batch()
+    enc = model.encode(b["history"], b["mask"])
+    assert enc.mask.shape == b["mask"].shape and enc.mask.dtype == torch.bool
+    prefix = random_prefix(5, 4, m, seed=m)
+    out = model.prefix_logits(enc, prefix)
+    assert out.shape == (5, 4, m + 1, V)
+    for n in range(4):
+        ref = hf_logits(model, b["history"], b["mask"], prefix[:, n])
+        torch.testing.assert_close(out[:, n], ref, atol=1e-5, rtol=0)
+        alone = model.prefix_logits(enc, prefix[:, n : n + 1])[:, 0]
+        torch.testing.assert_close(out[:, n], alone, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_target_logits_and_default_size(name):
+    b = batch()
+    for model in (make(name), make(name, tiny=False)):
+        out = model.target_logits(b["history"], b["mask"], b["target"])
+        assert out.shape == (5, 3, V)
+        torch.testing.assert_close(out, hf_logits(model, b["history"], b["mask"], b["target"][:, :-1]), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_left_padding_does_not_change_logits(name):
+    model, b = make(name), batch()
+    pad = lambda x: torch.cat([torch.zeros_like(x[:, :3]), x], 1)  # noqa: E731
+    prefix = random_prefix(5, 3, 2, seed=1)
+    a = model.prefix_logits(model.encode(b["history"], b["mask"]), prefix)
+    c = model.prefix_logits(model.encode(pad(b["history"]), pad(b["mask"])), prefix)
+    torch.testing.assert_close(a, c, atol=1e-10, rtol=0)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_step_reorders_beams_like_teacher_forcing(name):
+    model, b = make(name), batch()
+    enc = model.encode(b["history"], b["mask"])
+    g = torch.Generator().manual_seed(0)
+    state, ref_state = model.start(enc), Backbone.start(model, enc)
+    logits, state = model.step(state, None, None)
+    ref, ref_state = Backbone.step(model, ref_state, None, None)
+    assert logits.shape == (5, 1, V)
+    torch.testing.assert_close(logits, ref, atol=1e-5, rtol=0)
+    beams = [[[] for _ in range(1)] for _ in range(5)]  # explicit per-user, per-beam prefixes
+    for K_prev, K in [(1, 3), (3, 4), (4, 2)]:
+        parents = torch.randint(K_prev, (5, K), generator=g)  # duplicates, drops, re-orders
+        tokens = torch.randint(3, V, (5, K), generator=g)
+        beams = [[beams[u][int(parents[u, k])] + [int(tokens[u, k])] for k in range(K)] for u in range(5)]
+        logits, state = model.step(state, tokens, parents)
+        ref, ref_state = Backbone.step(model, ref_state, tokens, parents)
+        assert logits.shape == (5, K, V)
+        torch.testing.assert_close(logits, ref, atol=1e-5, rtol=0)
+        rows = torch.arange(5).repeat_interleave(K)  # every (user, beam) as its own HF row
+        teacher = hf_logits(model, b["history"][rows], b["mask"][rows], torch.tensor(sum(beams, [])))[:, -1]
+        torch.testing.assert_close(logits.reshape(5 * K, V), teacher, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_gradients_match_hf(name):
+    """d/dθ of a loss on prefix_logits equals the same loss through the HF forward (one HF pass per
+    candidate; T5LayerNorm back-propagates through float32, hence the float32-level tolerance)."""
+    model, b = make(name), batch()
+    prefix = random_prefix(5, 3, 2, seed=2)
+    w = torch.randn(5, 3, 3, V, dtype=torch.float64)
+
+    def grads(loss):
+        model.zero_grad()
+        loss.backward()
+        return {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    ours = grads((model.prefix_logits(model.encode(b["history"], b["mask"]), prefix) * w).sum())
+    ref = torch.stack([hf_logits(model, b["history"], b["mask"], prefix[:, n]) for n in range(3)], 1)
+    theirs = grads((ref * w).sum())
+    for n, g in ours.items():
+        assert torch.isfinite(g).all() and g.abs().sum() > 0, n
+        torch.testing.assert_close(g, theirs[n], atol=1e-5, rtol=1e-5, msg=n)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_train_mode_forward_and_backward(name):
+    model, b = make(name, dropout=0.3), batch()
+    prefix = random_prefix(5, 6, 2, seed=3)
+    model.eval()
+    evaluated = model.prefix_logits(model.encode(b["history"], b["mask"]), prefix)
+    model.train()
+    out = model.prefix_logits(model.encode(b["history"], b["mask"]), prefix)
+    assert out.shape == (5, 6, 3, V) and torch.isfinite(out).all()
+    assert not torch.allclose(out, evaluated)  # dropout is active
+    torch.log_softmax(out, -1).mean().backward()
+    for n, p in model.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all(), n
+    logits, state = model.step(model.start(model.encode(b["history"], b["mask"])), None, None)
+    logits, _ = model.step(state, torch.full((5, 2), 4), torch.zeros(5, 2, dtype=torch.long))
+    assert logits.shape == (5, 2, V) and torch.isfinite(logits).all()
