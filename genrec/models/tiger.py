@@ -111,7 +111,7 @@ class Tiger(Backbone):
             if past is not None:
                 k, v = torch.cat([past[i][0], k], -2), torch.cat([past[i][1], v], -2)
             cache.append((k, v))
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=p_att, scale=1.0)
+            y = F.dropout((q @ k.transpose(-1, -2) + bias).softmax(-1), p_att, self.training) @ v  # T5: no 1/sqrt(d)
             x = x + self._dropout(att.o(y.transpose(-2, -3).flatten(-2)))
             # cross-attention: the N * S positions of a user are the queries of one call
             h, att = ca.layer_norm(x), ca.EncDecAttention
@@ -136,7 +136,9 @@ class Tiger(Backbone):
         if tokens is None:  # first step: bos, one beam, empty cache
             tokens, cache = enc.mask.new_full((enc.mask.shape[0], 1), BOS, dtype=torch.long), None
         else:  # re-order the (small) self-attention cache; the cross-attention K/V stay shared
-            rows = torch.arange(parents.shape[0], device=parents.device)[:, None]
-            cache = [(k[rows, parents], v[rows, parents]) for k, v in state.cache]
+            B, K_prev = state.cache[0][0].shape[:2]
+            flat = (parents + K_prev * torch.arange(B, device=parents.device)[:, None]).flatten()
+            pick = lambda x: x.flatten(0, 1).index_select(0, flat).unflatten(0, parents.shape)  # noqa: E731
+            cache = [(pick(k), pick(v)) for k, v in state.cache]
         logits, cache = self._decode(enc, tokens[..., None], cache)
         return logits[:, :, -1], TigerState(enc, cache)

@@ -1,0 +1,126 @@
+"""Batches for training and evaluation, read from the data stage's cached artefacts.
+
+Examples are (user, pos) pairs; a batch gathers the up to `max_history` items before pos,
+maps them to SID tokens, appends eos and left-pads. Histories vary from 1 to
+`max_history` items, so batches group examples of similar length (a seeded shuffle, then
+sorting within windows of 50 batches) instead of padding everything to the maximum.
+Under DDP each process takes every world-th batch; samplers depend only on (seed, epoch),
+so results do not depend on the number of processes' batch order or on a resume.
+"""
+
+from __future__ import annotations
+
+import math
+
+import lightning as L
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Sampler
+
+from genrec.data.preprocess import SeqData
+from genrec.data.semantic_ids import EOS, SemanticIds
+
+
+class Examples(torch.utils.data.Dataset):
+    """One split. Indexed with a list of example ids, returns a whole batch."""
+
+    def __init__(self, seq: SeqData, sids: SemanticIds, split: str, max_history: int) -> None:
+        self.pairs = seq.splits[split]
+        self.items, self.offsets = seq.items, seq.offsets
+        self.tokens = sids.item_tokens()
+        self.item_to_cand = torch.from_numpy(sids.item_to_cand)
+        self.max_history = max_history
+        self.lengths = np.minimum(self.pairs[:, 1], max_history)  # history length in items
+
+    def __len__(self) -> int:
+        return len(self.pairs)
+
+    def targets(self) -> np.ndarray:
+        return self.items[self.offsets[self.pairs[:, 0]] + self.pairs[:, 1]]
+
+    def __getitem__(self, idx: list[int]) -> dict:
+        idx = np.asarray(idx, dtype=np.int64)
+        user, pos = self.pairs[idx, 0], self.pairs[idx, 1]
+        n = self.lengths[idx]
+        width = int(n.max())
+        # Left-padded item matrix [B, width]: column j holds item pos - width + j (or padding).
+        cols = pos[:, None] - width + np.arange(width)[None, :]
+        valid = np.arange(width)[None, :] >= width - n[:, None]
+        flat = self.offsets[user][:, None] + np.where(valid, cols, 0)
+        hist_items = torch.from_numpy(np.where(valid, self.items[flat], 0))
+        valid = torch.from_numpy(valid)
+        T = self.tokens.shape[1]
+        hist = torch.where(valid[..., None], self.tokens[hist_items], 0).reshape(len(idx), width * T)
+        mask = valid[..., None].expand(-1, -1, T).reshape(len(idx), width * T)
+        history = torch.cat([hist, torch.full((len(idx), 1), EOS)], 1)
+        mask = torch.cat([mask, torch.ones(len(idx), 1, dtype=torch.bool)], 1)
+        target = torch.from_numpy(self.items[self.offsets[user] + pos])
+        return {"history": history, "mask": mask, "target": self.tokens[target],
+                "target_cand": self.item_to_cand[target], "index": torch.from_numpy(idx)}
+
+
+class LengthBatches(Sampler):
+    """Yields lists of example ids: similar history lengths per batch, sharded by rank."""
+
+    def __init__(self, lengths: np.ndarray, batch_size: int, shuffle: bool, seed: int,
+                 rank: int = 0, world: int = 1, window: int = 50) -> None:
+        self.lengths, self.batch_size, self.shuffle, self.seed = lengths, batch_size, shuffle, seed
+        self.rank, self.world, self.window, self.epoch = rank, world, window, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def batches(self) -> list[np.ndarray]:
+        n = len(self.lengths)
+        if not self.shuffle:  # evaluation: sort everything by length, keep every example once
+            order = np.argsort(self.lengths, kind="stable")
+            return [order[i : i + self.batch_size] for i in range(0, n, self.batch_size)]
+        rng = np.random.default_rng([self.seed, self.epoch])
+        order = rng.permutation(n)
+        span = self.batch_size * self.window
+        chunks = [order[i : i + span] for i in range(0, n, span)]
+        chunks = [c[np.argsort(self.lengths[c], kind="stable")] for c in chunks]
+        out = [c[i : i + self.batch_size] for c in chunks for i in range(0, len(c), self.batch_size)]
+        return [out[i] for i in rng.permutation(len(out))]
+
+    def __iter__(self):
+        batches = self.batches()
+        if self.shuffle:  # equal number of training steps on every rank
+            batches = batches[: len(batches) // self.world * self.world] or batches
+        return iter(b.tolist() for b in batches[self.rank :: self.world])
+
+    def __len__(self) -> int:
+        n = math.ceil(len(self.lengths) / self.batch_size)
+        return max(1, n // self.world) if self.shuffle else math.ceil((n - self.rank) / self.world)
+
+
+class SeqDataModule(L.LightningDataModule):
+    def __init__(self, seq: SeqData, sids: SemanticIds, max_history: int, batch_size: int,
+                 eval_batch_size: int, seed: int, num_workers: int = 0) -> None:
+        super().__init__()
+        self.seq, self.sids, self.seed = seq, sids, seed
+        self.max_history, self.batch_size, self.eval_batch_size = max_history, batch_size, eval_batch_size
+        self.num_workers = num_workers
+        self.splits = {s: Examples(seq, sids, s, max_history) for s in ("train", "valid", "test")}
+
+    def _loader(self, split: str, shuffle: bool) -> DataLoader:
+        ds = self.splits[split]
+        rank, world = (self.trainer.global_rank, self.trainer.world_size) if self.trainer else (0, 1)
+        sampler = LengthBatches(ds.lengths, self.batch_size if shuffle else self.eval_batch_size, shuffle,
+                                self.seed, rank, world)
+        return DataLoader(ds, sampler=sampler, batch_size=None, num_workers=self.num_workers,
+                          persistent_workers=self.num_workers > 0)
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader("train", True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader("valid", False)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader("test", False)
+
+    def item_counts(self) -> np.ndarray:
+        """Training-target frequency per candidate (popularity negatives)."""
+        cands = self.sids.item_to_cand[self.splits["train"].targets()]
+        return np.bincount(cands, minlength=self.sids.num_candidates)

@@ -1,0 +1,146 @@
+"""The LightningModule: backbone + objective for training, evaluator for validation/test.
+
+Validation and test run the evaluator (constrained beam search, optionally full ranking)
+on every held-out user exactly once: each DDP rank evaluates its shard, the per-example
+rows are gathered, de-duplicated by example index and only then summarised.
+"""
+
+from __future__ import annotations
+
+import math
+
+import lightning as L
+import torch
+from hydra.utils import instantiate
+from omegaconf import DictConfig
+
+from genrec.data.semantic_ids import SemanticIds
+from genrec.eval.trie import Trie
+from genrec.models.base import token_logprobs
+from genrec.objectives.base import TrainContext
+
+
+class NonFiniteLoss(FloatingPointError):
+    pass
+
+
+class GenRec(L.LightningModule):
+    def __init__(self, cfg: DictConfig, sids: SemanticIds, item_counts, steps_per_epoch: int) -> None:
+        super().__init__()
+        self.cfg, self.sids, self.steps_per_epoch = cfg, sids, steps_per_epoch
+        T = sids.num_levels
+        self.backbone = instantiate(cfg.backbone, vocab_size=sids.vocab_size,
+                                    max_positions=cfg.dataset.max_history * T + T + 2)
+        self.objective = instantiate(cfg.objective)
+        self.evaluator = instantiate(cfg.eval)
+        self._trie = Trie(sids)
+        self.objective.setup(TrainContext(sids, self._trie, item_counts, self.evaluator.beam, cfg.seed), self.backbone)
+        self._rows: list[dict] = []
+        self.history: list[dict] = []  # validation metrics per epoch (checkpointed)
+        self.last_metrics: dict[str, dict] = {}
+
+    @property
+    def trie(self) -> Trie:
+        if self._trie.offsets.device != self.device:
+            self._trie = Trie(self.sids, self.device)
+        return self._trie
+
+    # ---- training -------------------------------------------------------------------
+    def on_train_epoch_start(self) -> None:
+        # Dropout etc. depend only on (seed, epoch, rank): a resumed run replays the same epoch.
+        torch.manual_seed(int(self.cfg.seed) * 1_000_003 + self.current_epoch * 1_009 + self.global_rank)
+        self.objective.on_epoch_start(self.current_epoch)
+
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        loss, terms = self.objective(batch, self.backbone, self.trie)
+        for name, value in {"loss": loss, **terms}.items():
+            if not torch.isfinite(value).all():
+                bad = [k for k, v in terms.items() if not torch.isfinite(v).all()] or ["loss"]
+                raise NonFiniteLoss(f"non-finite loss at epoch {self.current_epoch}, step {self.global_step} "
+                                    f"(batch {batch_idx}): term(s) {', '.join(bad)}; try a lower optim.lr or "
+                                    f"trainer.gradient_clip")
+        bs = batch["target"].shape[0]
+        self.log("train/loss", loss, prog_bar=True, batch_size=bs)
+        self.log_dict({f"train/{k}": v.float() for k, v in terms.items()}, batch_size=bs)
+        return loss
+
+    # ---- evaluation -----------------------------------------------------------------
+    def _eval_step(self, batch: dict) -> None:
+        rows = self.evaluator.per_example(self.backbone, self.trie, batch)
+        logits = self.backbone.target_logits(batch["history"], batch["mask"], batch["target"])
+        rows["loss"] = -token_logprobs(logits, batch["target"]).mean(-1)  # teacher-forced CE per example
+        self._rows.append(rows)
+
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        self._eval_step(batch)
+
+    def test_step(self, batch: dict, batch_idx: int) -> None:
+        self._eval_step(batch)
+
+    def _gather_rows(self) -> dict[str, torch.Tensor]:
+        rows = {k: torch.cat([r[k] for r in self._rows]) for k in self._rows[0]} if self._rows else {}
+        self._rows = []
+        if self.trainer.world_size > 1:
+            n = int(self.all_gather(torch.tensor(len(rows["index"]), device=self.device)).max())
+            padded = {}
+            for k, v in rows.items():
+                v = v.long() if v.dtype == torch.bool else v  # gloo gathers no bools
+                pad = torch.full((n - len(v), *v.shape[1:]), -1, dtype=v.dtype, device=v.device)
+                padded[k] = self.all_gather(torch.cat([v, pad])).flatten(0, 1)
+                padded[k] = padded[k].bool() if rows[k].dtype == torch.bool else padded[k]
+            keep = padded["index"] >= 0
+            rows = {k: v[keep] for k, v in padded.items()}
+        _, first = unique_first(rows["index"])
+        return {k: v[first].cpu() for k, v in rows.items()}
+
+    def _eval_epoch_end(self, prefix: str) -> None:
+        rows = self._gather_rows()
+        metrics = self.evaluator.summarize(rows)
+        metrics["loss"] = float(rows["loss"].float().mean())
+        metrics["users"] = float(len(rows["index"]))
+        # Every rank holds the same gathered rows, so no further reduction is needed.
+        self.log_dict({f"{prefix}/{k}": float(v) for k, v in metrics.items()}, sync_dist=False)
+        if prefix == "val" and not self.trainer.sanity_checking:
+            self.history.append({"epoch": self.current_epoch, **metrics})
+        self.last_metrics[prefix] = metrics
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["val_history"] = self.history
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        self.history = checkpoint.get("val_history", [])
+
+    def on_validation_epoch_end(self) -> None:
+        self._eval_epoch_end("val")
+
+    def on_test_epoch_end(self) -> None:
+        self._eval_epoch_end("test")
+
+    # ---- optimisation ---------------------------------------------------------------
+    def configure_optimizers(self):
+        o = self.cfg.optim
+        params = [p for p in self.parameters() if p.requires_grad]  # S-DPO's reference is frozen
+        decay = [p for p in params if p.ndim >= 2]
+        no_decay = [p for p in params if p.ndim < 2]
+        opt = torch.optim.AdamW([{"params": decay, "weight_decay": o.weight_decay},
+                                 {"params": no_decay, "weight_decay": 0.0}], lr=o.lr, betas=tuple(o.betas))
+        total = max(1, self.steps_per_epoch * self.cfg.trainer.max_epochs)
+        warmup = int(o.warmup * total)
+
+        def schedule(step: int) -> float:
+            if step < warmup:
+                return (step + 1) / (warmup + 1)
+            progress = min(1.0, (step - warmup) / max(1, total - warmup))
+            return o.min_lr_ratio + (1 - o.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+def unique_first(index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Unique values of `index` and the position of each one's first occurrence."""
+    uniq, inv = torch.unique(index, return_inverse=True)
+    pos = torch.arange(len(index), device=index.device)
+    first = torch.full((len(uniq),), len(index), dtype=torch.long, device=index.device).scatter_reduce(
+        0, inv, pos, reduce="amin")
+    return uniq, first

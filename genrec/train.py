@@ -1,0 +1,168 @@
+"""Train and evaluate one configuration (or a `-m` grid of them).
+
+    python -m genrec.train backbone=tiger objective=apao dataset=office
+    python -m genrec.train resume=true        # continue the latest matching run from last.ckpt
+
+The run dir holds the resolved `config.yaml`, `checkpoints/{last,best}.ckpt`, the
+logger's files and `metrics.json` (final test metrics, best validation metrics, epochs,
+wall time): everything `genrec.report` needs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+import hydra
+import lightning as L
+import torch
+from hydra.utils import instantiate
+from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from genrec.data.datamodule import SeqDataModule
+from genrec.data.readers.common import DataError
+from genrec.lit import GenRec, NonFiniteLoss
+from genrec.prepare import prepare
+
+VOLATILE = ("resume", "run_dir")  # config keys that may differ between a run and its resumption
+
+
+def write_json(path: Path, obj: dict) -> None:
+    """Atomic: a crash never leaves a half-written file that a report would trust."""
+    tmp = path.with_suffix(path.suffix + f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(obj, indent=1, default=float))
+    os.replace(tmp, path)
+
+
+def _comparable(cfg: DictConfig | dict) -> dict:
+    c = OmegaConf.to_container(cfg, resolve=False) if isinstance(cfg, DictConfig) else dict(cfg)
+    return {k: v for k, v in c.items() if k not in VOLATILE and k != "hydra"}
+
+
+def find_resume_dir(cfg: DictConfig) -> Path | None:
+    """The run dir to continue: `resume=<run dir or ckpt>`, or with `resume=true` this run
+    dir if it has a last.ckpt, else the newest sibling run with the same config."""
+    if cfg.resume in (False, None, "false"):
+        return None
+    here = Path(cfg.run_dir)
+    if cfg.resume not in (True, "true"):
+        path = Path(str(cfg.resume))
+        path = path.parent.parent if path.suffix == ".ckpt" else path
+        if not (path / "checkpoints" / "last.ckpt").exists():
+            raise DataError(f"resume={cfg.resume}: no checkpoints/last.ckpt under {path}")
+        return path
+    if (here / "checkpoints" / "last.ckpt").exists():
+        return here
+    want = _comparable(cfg)
+    for run in sorted(here.parent.glob("*/checkpoints/last.ckpt"), key=lambda p: p.stat().st_mtime, reverse=True):
+        saved = run.parent.parent / ".hydra" / "config.yaml"
+        if saved.exists() and _comparable(OmegaConf.load(saved)) == want:
+            return run.parent.parent
+    print(f"resume=true: no earlier run with this config under {here.parent}; starting fresh")
+    return None
+
+
+def run(cfg: DictConfig) -> dict:
+    start = time.time()
+    resume_dir = find_resume_dir(cfg)
+    if resume_dir is not None:
+        with open_dict(cfg):
+            cfg.run_dir = str(resume_dir)
+    run_dir = Path(cfg.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    L.seed_everything(cfg.seed, workers=True, verbose=False)
+    if cfg.trainer.deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+
+    data = prepare(cfg, log=lambda m: print(m, file=sys.stderr))
+    t = cfg.trainer
+    dm = SeqDataModule(data.seq, data.sids, cfg.dataset.max_history, t.batch_size, t.eval_batch_size, cfg.seed,
+                       t.num_workers)
+    world = int(t.devices if isinstance(t.devices, int) else 1) * int(t.num_nodes)
+    batches = math.ceil(len(dm.splits["train"]) / t.batch_size) // world
+    if isinstance(t.limit_train_batches, int):
+        batches = min(batches, t.limit_train_batches)
+    elif t.limit_train_batches < 1:
+        batches = int(batches * t.limit_train_batches)
+    module = GenRec(cfg, data.sids, dm.item_counts(), max(1, math.ceil(batches / t.accumulate)))
+
+    ckpt = ModelCheckpoint(dirpath=run_dir / "checkpoints", filename="best", monitor=t.monitor, mode="max",
+                           save_last=True, auto_insert_metric_name=False, enable_version_counter=False)
+    stop = EarlyStopping(monitor=t.monitor, mode="max", patience=t.patience)
+    trainer = L.Trainer(
+        max_epochs=t.max_epochs, accelerator=t.accelerator, devices=t.devices, num_nodes=t.num_nodes,
+        strategy=t.strategy, precision=t.precision, accumulate_grad_batches=t.accumulate,
+        gradient_clip_val=t.gradient_clip, callbacks=[ckpt, stop], logger=instantiate(cfg.logger),
+        deterministic=t.deterministic, use_distributed_sampler=False, num_sanity_val_steps=0,
+        check_val_every_n_epoch=t.check_val_every_n_epoch, limit_train_batches=t.limit_train_batches,
+        limit_val_batches=t.limit_val_batches, enable_progress_bar=t.progress_bar, default_root_dir=run_dir,
+        enable_model_summary=False,
+    )
+    if trainer.is_global_zero:
+        (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+        trainer.logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
+    last = run_dir / "checkpoints" / "last.ckpt"
+    trainer.fit(module, dm, ckpt_path=str(last) if resume_dir is not None and last.exists() else None)
+    history = list(module.history)
+    best = ckpt.best_model_path or str(last)
+    trainer.test(module, dm, ckpt_path=best, verbose=False)
+    best_epoch = max(history, key=lambda h: h.get(t.monitor.split("/", 1)[1], -1))["epoch"] if history else None
+    result = {
+        **{f"test/{k}": v for k, v in module.last_metrics["test"].items()},
+        **({f"val/{k}": v for k, v in next(h for h in history if h["epoch"] == best_epoch).items() if k != "epoch"}
+           if history else {}),
+        "best_epoch": best_epoch, "epochs": trainer.current_epoch, "seconds": round(time.time() - start, 1),
+        "dataset": cfg.dataset.name, "backbone": _choice(cfg, "backbone"), "objective": _choice(cfg, "objective"),
+        "seed": cfg.seed, "checkpoint": best, "history": history,
+    }
+    if trainer.is_global_zero:
+        write_json(run_dir / "metrics.json", result)
+        print_summary(result, data.summary)
+    return result
+
+
+def _choice(cfg: DictConfig, group: str) -> str:
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        return HydraConfig.get().runtime.choices[group]
+    except Exception:  # outside a Hydra app (tests calling run() directly)
+        return cfg[group]["_target_"].rsplit(".", 1)[-1].lower()
+
+
+def print_summary(r: dict, data: dict) -> None:
+    keys = [k for k in ("recall@5", "ndcg@5", "recall@10", "ndcg@10", "recall@20", "ndcg@20")]
+    lines = [
+        "",
+        f"== genrec: {r['dataset']} · {r['backbone']} · {r['objective']} · seed {r['seed']} ==",
+        f"data      {data['users']} users, {data['items']} items, {data['interactions']} interactions, T={data['levels']}",
+        f"training  {r['epochs']} epochs, best epoch {r['best_epoch']}, wall time {r['seconds']:.1f}s",
+        "metric        " + "".join(f"{k:>11}" for k in keys),
+        "valid (best)  " + "".join(f"{r.get('val/' + k, float('nan')):>11.4f}" for k in keys),
+        "test          " + "".join(f"{r.get('test/' + k, float('nan')):>11.4f}" for k in keys),
+    ]
+    prefix = [f"{r[k]:.3f}" for k in sorted(r) if k.startswith("test/prefix_recall@")]
+    if prefix:
+        lines.append("test prefix recall per step: " + ", ".join(prefix))
+    lines.append(f"checkpoint {r['checkpoint']}")
+    print("\n".join(lines))
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+def main(cfg: DictConfig) -> float | None:
+    try:
+        result = run(cfg)
+    except (DataError, NonFiniteLoss) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    return result.get(f"test/{cfg.trainer.monitor.split('/', 1)[1]}")  # the value Optuna sweeps optimise
+
+
+if __name__ == "__main__":
+    torch.set_float32_matmul_precision("high")
+    main()
