@@ -136,7 +136,8 @@ def _choice(cfg: DictConfig, group: str) -> str:
 
 
 def print_summary(r: dict, data: dict) -> None:
-    keys = [k for k in ("recall@5", "ndcg@5", "recall@10", "ndcg@10", "recall@20", "ndcg@20")]
+    keys = [k[len("test/"):] for k in r if k.startswith(("test/recall@", "test/ndcg@"))]
+    keys = sorted(keys, key=lambda k: (int(k.split("@")[1]), k))
     lines = [
         "",
         f"== genrec: {r['dataset']} · {r['backbone']} · {r['objective']} · seed {r['seed']} ==",

@@ -53,7 +53,8 @@ def make_ctx(sids: SemanticIds, seed: int = 0, eval_beam: int = 3, item_counts=N
     return TrainContext(sids=sids, trie=Trie(sids), item_counts=counts, eval_beam=eval_beam, seed=seed)
 
 
-def case(num_items: int = 40, sizes=(4, 3, 3), batch: int = 6, seed: int = 0):
+def case(num_items: int = 20, sizes=(4, 3, 3), batch: int = 6, seed: int = 0):
+    assert num_items <= np.prod(sizes), "random_sids would never finish"
     sids = random_sids(num_items, list(sizes), seed=seed)
     return sids, Trie(sids), random_batch(sids, batch, seed=seed + 1)
 

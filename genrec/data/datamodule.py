@@ -11,6 +11,7 @@ so results do not depend on the number of processes' batch order or on a resume.
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import lightning as L
 import numpy as np
@@ -63,19 +64,17 @@ class LengthBatches(Sampler):
     """Yields lists of example ids: similar history lengths per batch, sharded by rank."""
 
     def __init__(self, lengths: np.ndarray, batch_size: int, shuffle: bool, seed: int,
-                 rank: int = 0, world: int = 1, window: int = 50) -> None:
+                 rank: int = 0, world: int = 1, window: int = 50, epoch: Callable[[], int] = lambda: 0) -> None:
         self.lengths, self.batch_size, self.shuffle, self.seed = lengths, batch_size, shuffle, seed
-        self.rank, self.world, self.window, self.epoch = rank, world, window, 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
+        self.rank, self.world, self.window = rank, world, window
+        self.epoch = epoch  # read at iteration time: the trainer's epoch, also right after a resume
 
     def batches(self) -> list[np.ndarray]:
         n = len(self.lengths)
         if not self.shuffle:  # evaluation: sort everything by length, keep every example once
             order = np.argsort(self.lengths, kind="stable")
             return [order[i : i + self.batch_size] for i in range(0, n, self.batch_size)]
-        rng = np.random.default_rng([self.seed, self.epoch])
+        rng = np.random.default_rng([self.seed, self.epoch()])
         order = rng.permutation(n)
         span = self.batch_size * self.window
         chunks = [order[i : i + span] for i in range(0, n, span)]
@@ -84,10 +83,12 @@ class LengthBatches(Sampler):
         return [out[i] for i in rng.permutation(len(out))]
 
     def __iter__(self):
+        # A generator: the order is drawn at the first batch, once the trainer's epoch is final.
         batches = self.batches()
         if self.shuffle:  # equal number of training steps on every rank
             batches = batches[: len(batches) // self.world * self.world] or batches
-        return iter(b.tolist() for b in batches[self.rank :: self.world])
+        for b in batches[self.rank :: self.world]:
+            yield b.tolist()
 
     def __len__(self) -> int:
         n = math.ceil(len(self.lengths) / self.batch_size)
@@ -107,7 +108,7 @@ class SeqDataModule(L.LightningDataModule):
         ds = self.splits[split]
         rank, world = (self.trainer.global_rank, self.trainer.world_size) if self.trainer else (0, 1)
         sampler = LengthBatches(ds.lengths, self.batch_size if shuffle else self.eval_batch_size, shuffle,
-                                self.seed, rank, world)
+                                self.seed, rank, world, epoch=lambda: self.trainer.current_epoch if self.trainer else 0)
         return DataLoader(ds, sampler=sampler, batch_size=None, num_workers=self.num_workers,
                           persistent_workers=self.num_workers > 0)
 

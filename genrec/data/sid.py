@@ -7,6 +7,7 @@ items stay one candidate as the APAO release's evaluation treats them.
 
 from __future__ import annotations
 
+import logging
 import re
 from pathlib import Path
 
@@ -46,7 +47,7 @@ class RQKMeans:
         self.facts: dict = {}
 
     def __call__(self, emb: np.ndarray, item_ids: list[str]) -> SemanticIds:
-        import faiss
+        import faiss  # noqa: F401  (imported lazily: it is slow to load)
 
         n = len(emb)
         if self.codebook_size > n:
@@ -71,6 +72,8 @@ class RQKMeans:
             sizes.append(int(codes[:, -1].max()) + 1)
         return SemanticIds(codes, sizes)
 
+
+logging.getLogger("faiss.loader").setLevel(logging.WARNING)
 
 _TOKEN = re.compile(r"<([a-z])_(\d+)>")
 

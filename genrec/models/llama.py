@@ -83,24 +83,21 @@ class Llama(Backbone):
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, own_mask: Tensor | None, enc: LlamaEncoding | None, i: int):
         """q [B, N, H, S, d] over each row's own keys k, v [B, N, H, t, d] (masked by `own_mask`)
-        and, if `enc`, the user's shared history K/V [B, H, L, d]: one softmax over both."""
+        and, if `enc`, the user's shared history K/V [B, H, L, d] (layer i): one softmax over both."""
+        p = self.hf.config.attention_dropout if self.training else 0.0
+        if enc is None:  # history prefill
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=own_mask, dropout_p=p)
         B, N, H, S, d = q.shape
-        scale = d**-0.5
-        scores = q @ k.transpose(-1, -2) * scale  # [B, N, H, S, t]
+        (hk, hv), L = enc.kv[i], enc.mask.shape[1]
+        own = q @ k.transpose(-1, -2) * d**-0.5  # [B, N, H, S, t]
         if own_mask is not None:
-            scores = scores.masked_fill(~own_mask, float("-inf"))
-        if enc is not None:
-            hk, hv = enc.kv[i]
-            L = hk.shape[-2]
-            qh = q.transpose(1, 2).reshape(B, H, N * S, d)  # all rows of a user as queries
-            hist = (qh @ hk.transpose(-1, -2) * scale).masked_fill(~enc.mask[:, None, None], float("-inf"))
-            scores = torch.cat([hist.view(B, H, N, S, L).transpose(1, 2), scores], -1)
-        p = F.dropout(scores.softmax(-1), self.hf.config.attention_dropout, self.training)
-        if enc is None:
-            return p @ v
-        ph, p = p[..., :L], p[..., L:]
-        yh = ph.transpose(1, 2).reshape(B, H, N * S, L) @ hv  # [B, H, N * S, d]
-        return yh.view(B, H, N, S, d).transpose(1, 2) + p @ v
+            own = own.masked_fill(~own_mask, float("-inf"))
+        qh = q.transpose(1, 2).reshape(B, H, N * S, d)  # all rows of a user are queries of one product
+        hist = (qh @ hk.transpose(-1, -2) * d**-0.5).masked_fill(~enc.mask[:, None, None], float("-inf"))
+        scores = torch.cat([hist.view(B, H, N, S, L).transpose(1, 2), own], -1)  # [B, N, H, S, L + t]
+        a = F.dropout(scores.softmax(-1), p, self.training)
+        yh = a[..., :L].transpose(1, 2).reshape(B, H, N * S, L) @ hv  # [B, H, N * S, d]
+        return yh.view(B, H, N, S, d).transpose(1, 2) + a[..., L:] @ v
 
     def _forward(self, tokens: Tensor, pos: Tensor, own_mask, enc: LlamaEncoding | None, past: KV | None):
         """Final hidden states [B, N, S, D] of S new tokens per row (position ids `pos` [B, N, S])

@@ -136,9 +136,7 @@ class Tiger(Backbone):
         if tokens is None:  # first step: bos, one beam, empty cache
             tokens, cache = enc.mask.new_full((enc.mask.shape[0], 1), BOS, dtype=torch.long), None
         else:  # re-order the (small) self-attention cache; the cross-attention K/V stay shared
-            B, K_prev = state.cache[0][0].shape[:2]
-            flat = (parents + K_prev * torch.arange(B, device=parents.device)[:, None]).flatten()
-            pick = lambda x: x.flatten(0, 1).index_select(0, flat).unflatten(0, parents.shape)  # noqa: E731
-            cache = [(pick(k), pick(v)) for k, v in state.cache]
+            rows = torch.arange(parents.shape[0], device=parents.device)[:, None]
+            cache = [(k[rows, parents], v[rows, parents]) for k, v in state.cache]
         logits, cache = self._decode(enc, tokens[..., None], cache)
         return logits[:, :, -1], TigerState(enc, cache)

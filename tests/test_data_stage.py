@@ -1,0 +1,539 @@
+"""The data stage: RecBole / LC-Rec readers, k-core, splits, item text, the artefact cache and
+`genrec.prepare` (in-process via Hydra compose, concurrently, and as a command)."""
+
+import gzip
+import json
+import multiprocessing as mp
+import os
+import subprocess
+import sys
+import time
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hydra import compose, initialize_config_dir
+
+from genrec.data.preprocess import build_sequences, item_texts, kcore, leave_one_out, sliding_window
+from genrec.data.readers import lcrec, recbole
+from genrec.data.readers.common import DataError, RawData
+from genrec.data.semantic_ids import SemanticIds
+from genrec.data.store import cached, config_hash
+from genrec.prepare import prepare
+
+REPO = Path(__file__).resolve().parents[1]
+OFFICE = Path("/work/shared/data/apao-office")
+
+
+@pytest.fixture(autouse=True)
+def data_dir(tmp_path, monkeypatch):
+    """Nothing a test does may land in the repo's data/."""
+    monkeypatch.setenv("GENREC_DATA_DIR", str(tmp_path / "env-data"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    return tmp_path / "data"
+
+
+def write(path: Path, text: str, gz: bool = False) -> Path:
+    if gz:
+        path = path.with_name(path.name + ".gz")
+        with gzip.open(path, "wb") as f:
+            f.write(text.encode())
+    else:
+        path.write_text(text)
+    return path
+
+
+# ---------------------------------------------------------------- RecBole atomic files
+
+INTER = (
+    "user_id:token\titem_id:token\trating:float\ttimestamp:float\n"
+    "1\t10\t4\t100\n"
+    "2\t11\t3\t90\n"
+    "1\t12\t5\n"  # line 4: a field short
+    "\n"
+    "2\t10\t2\tsoon\n"  # line 6: not a number
+    "\t12\t1\t80\n"  # line 7: no user
+    "3\t12\t1\t95.5\n"
+)
+ITEM = (
+    "item_id:token\tmovie_title:token_seq\trelease_year:token\tclass:token_seq\n"
+    "10\tToy Story\t1995\tAnimation Comedy\n"
+    "11\tHeat\t1995\n"  # line 3: a field short
+    "12\tAlien\t1979\tHorror Sci-Fi\n"
+)
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_recbole_reader(tmp_path, gz):
+    inter = write(tmp_path / "tiny.inter", INTER, gz)
+    item = write(tmp_path / "tiny.item", ITEM, gz)
+    raw = recbole.read(str(tmp_path), "tiny")
+    assert (raw.users, raw.items, raw.times) == (["1", "2", "3"], ["10", "11", "12"], [100.0, 90.0, 95.5])
+    assert raw.meta == {"10": {"movie_title": "Toy Story", "release_year": "1995", "class": "Animation Comedy"},
+                        "12": {"movie_title": "Alien", "release_year": "1979", "class": "Horror Sci-Fi"}}
+    assert raw.report.bad == {str(inter): 3, str(item): 1}
+    assert raw.report.examples == [f"{inter}:4: expected 4 tab-separated fields, got 3",
+                                   f"{inter}:6: timestamp is not a number",
+                                   f"{inter}:7: missing user_id or item_id",
+                                   f"{item}:3: expected 4 tab-separated fields, got 3"]
+    assert "skipped 4 bad records" in raw.report.summary()
+    with pytest.raises(DataError, match=f"{inter}:4: .*dataset.strict=true"):
+        recbole.read(str(tmp_path), "tiny", strict=True)
+
+
+def test_recbole_reader_missing_file(tmp_path):
+    with pytest.raises(DataError, match=f"missing data file {tmp_path / 'nope.inter'}"):
+        recbole.read(str(tmp_path), "nope")
+
+
+def test_recbole_embedded_ml100k_is_found():
+    root = recbole.embedded_root()
+    assert (root / "ml-100k.inter").exists() and (root / "ml-100k.item").exists()
+
+
+# ---------------------------------------------------------------- LC-Rec / APAO json
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_lcrec_reader(tmp_path, gz):
+    inter = write(tmp_path / "Tiny.inter.json", json.dumps({"0": [0, 1, 2], "1": ["2", 3], "2": "oops"}), gz)
+    write(tmp_path / "Tiny.item.json", json.dumps({
+        "0": {"title": "Pen", "description": "", "brand": "Acme", "categories": "Office, Pens"},
+        "3": {"title": "Tea", "brand": 7}, "4": "junk"}), gz)
+    raw = lcrec.read(str(tmp_path), "Tiny")
+    assert raw.users == ["0", "0", "0", "1", "1"]
+    assert raw.items == ["0", "1", "2", "2", "3"]
+    assert raw.times == [0.0, 1.0, 2.0, 0.0, 1.0]  # list position = time
+    assert raw.meta == {"0": {"title": "Pen", "description": "", "brand": "Acme", "categories": "Office, Pens"},
+                        "3": {"title": "Tea", "brand": "7"}}
+    assert raw.report.total == 1 and str(inter) in raw.report.examples[0] and "'2'" in raw.report.examples[0]
+    with pytest.raises(DataError, match="dataset.strict=true"):
+        lcrec.read(str(tmp_path), "Tiny", strict=True)
+
+
+def test_lcrec_reader_bad_files(tmp_path):
+    with pytest.raises(DataError, match=f"missing data file {tmp_path / 'Tiny.inter.json'}"):
+        lcrec.read(str(tmp_path), "Tiny")
+    bad = write(tmp_path / "Tiny.inter.json", '{"0": [1, 2],\n "1": [3,, 4]}')
+    with pytest.raises(DataError, match=f"{bad}:2: invalid JSON"):
+        lcrec.read(str(tmp_path), "Tiny")
+    write(tmp_path / "Tiny.inter.json", "[[1, 2]]")
+    with pytest.raises(DataError, match="expected an object"):
+        lcrec.read(str(tmp_path), "Tiny")
+
+
+# ---------------------------------------------------------------- sequences, k-core, splits
+
+
+def natural(ids):
+    return sorted(ids, key=int) if all(s.lstrip("-").isdigit() for s in ids) else sorted(ids)
+
+
+def sequences_reference(users, items, times, k):
+    """Per user: sort by (time, input order), drop exact repeats, then drop users and items
+    with fewer than k interactions until none is left to drop. All explicit loops."""
+    seqs = {}
+    for n, (u, i, t) in enumerate(zip(users, items, times)):
+        seqs.setdefault(u, []).append((t, n, i))
+    for u in seqs:
+        seen, out = set(), []
+        for t, _, i in sorted(seqs[u]):
+            if (i, t) not in seen:
+                seen.add((i, t))
+                out.append((i, t))
+        seqs[u] = out
+    while True:
+        icount = {}
+        for s in seqs.values():
+            for i, _ in s:
+                icount[i] = icount.get(i, 0) + 1
+        bad_users = {u for u, s in seqs.items() if len(s) < k}
+        bad_items = {i for i, c in icount.items() if c < k}
+        if not bad_users and not bad_items:
+            break
+        seqs = {u: [(i, t) for i, t in s if i not in bad_items] for u, s in seqs.items() if u not in bad_users}
+    user_ids = natural(list(seqs))
+    item_ids = natural(list({i for s in seqs.values() for i, _ in s}))
+    index = {i: n for n, i in enumerate(item_ids)}
+    flat = [index[i] for u in user_ids for i, _ in seqs[u]]
+    flat_times = [t for u in user_ids for _, t in seqs[u]]
+    offsets = [0]
+    for u in user_ids:
+        offsets.append(offsets[-1] + len(seqs[u]))
+    return user_ids, item_ids, flat, flat_times, offsets
+
+
+def random_raw(seed):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(80, 250))
+    name = (lambda x: str(x * 7 + 1)) if seed % 2 else (lambda x: f"id{x:02d}")  # numeric ids: 8 < 15 < 106
+    users = [name(x) for x in rng.integers(0, 25, n)]
+    items = [name(x) for x in rng.integers(0, 15, n)]
+    times = [float(t) for t in rng.integers(0, 8, n)]  # few distinct times: many ties
+    for j in rng.integers(0, n, 20):  # exact duplicates
+        users.append(users[j]), items.append(items[j]), times.append(times[j])
+    return users, items, times
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_build_sequences_matches_reference(seed, k):
+    users, items, times = random_raw(seed)
+    ref = sequences_reference(users, items, times, k)
+    if not ref[0]:
+        with pytest.raises(DataError, match=f"{k}-core"):
+            build_sequences(RawData(users, items, times), k)
+        return
+    got = build_sequences(RawData(users, items, times), k)
+    assert got[0] == ref[0] and got[1] == ref[1]
+    assert got[2].tolist() == ref[2] and got[3].tolist() == ref[3] and got[4].tolist() == ref[4]
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("k", [2, 4])
+def test_kcore_mask_matches_reference(seed, k):
+    rng = np.random.default_rng(seed)
+    user, item = rng.integers(0, 20, 150), rng.integers(0, 12, 150)
+    alive = set(range(150))
+    while True:
+        uc, ic = {}, {}
+        for n in alive:
+            uc[user[n]] = uc.get(user[n], 0) + 1
+            ic[item[n]] = ic.get(item[n], 0) + 1
+        drop = {n for n in alive if uc[user[n]] < k or ic[item[n]] < k}
+        if not drop:
+            break
+        alive -= drop
+    assert sorted(np.flatnonzero(kcore(user, item, k)).tolist()) == sorted(alive)
+
+
+def test_build_sequences_order_ties_and_duplicates():
+    raw = RawData(users=["A", "A", "A", "A", "B", "A", "A"], items=["a", "b", "c", "d", "a", "b", "b"],
+                  times=[5.0, 3.0, 3.0, 1.0, 2.0, 3.0, 4.0])  # (A, b, 3) twice; (A, b, 4) is not a duplicate
+    users, item_ids, flat, times, offsets = build_sequences(raw, 1)
+    assert users == ["A", "B"] and item_ids == ["a", "b", "c", "d"]
+    assert [item_ids[i] for i in flat] == ["d", "b", "c", "b", "a", "a"]  # b before c: input order
+    assert times.tolist() == [1.0, 3.0, 3.0, 4.0, 5.0, 2.0] and offsets.tolist() == [0, 5, 6]
+
+
+def test_leave_one_out_by_hand():
+    split = leave_one_out(np.array([0, 5, 8, 10, 11]))  # lengths 5, 3, 2, 1
+    assert split["train"].tolist() == [[0, 1], [0, 2]]
+    assert split["valid"].tolist() == [[0, 3], [1, 1]]
+    assert split["test"].tolist() == [[0, 4], [1, 2], [2, 1]]
+
+
+def test_sliding_window_by_hand():
+    offsets = np.array([0, 5, 9, 13])
+    times = np.array([0, 10, 20, 30, 40, 5, 10, 25, 50, 1, 2, 20, 35], dtype=float)
+    split = sliding_window(offsets, times)
+    # targets by time; ties (10: users 0 and 1; 20: users 0 and 2) by user
+    assert split["train"].tolist() == [[2, 1], [0, 1], [1, 1], [0, 2], [2, 2], [1, 2], [0, 3], [2, 3]]
+    assert split["valid"].tolist() == [[0, 4]]
+    assert split["test"].tolist() == [[1, 3]]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_sliding_window_matches_reference(seed):
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, 9, 30)
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    times = np.concatenate([np.sort(rng.integers(0, 40, n)) for n in lengths]).astype(float)
+    ex = sorted((times[offsets[u] + p], u, p) for u in range(30) for p in range(1, lengths[u]))
+    ex = [[u, p] for _, u, p in ex]
+    a = int(len(ex) * 0.8)
+    b = a + int(len(ex) * 0.1)
+    split = sliding_window(offsets, times)
+    assert split["train"].tolist() == ex[:a] and split["valid"].tolist() == ex[a:b] and split["test"].tolist() == ex[b:]
+
+
+def test_item_texts_missing_fields():
+    meta = {"1": {"title": "Pen", "brand": "Acme"}, "2": {"title": "Pad"}, "4": {"title": "Big \n  Pen", "brand": "X"}}
+    got = item_texts(["1", "2", "3", "4"], meta, "Title: {title}. Brand: {brand}.")
+    assert got == ["Title: Pen. Brand: Acme.", "Title: Pad. Brand: .", "Title: . Brand: .", "Title: Big Pen. Brand: X."]
+
+
+# ---------------------------------------------------------------- the artefact cache
+
+
+def test_cache_key_and_crash_leftovers(tmp_path):
+    assert config_hash("sids", {"a": 1, "b": [2]}) == config_hash("sids", {"b": [2], "a": 1})
+    assert config_hash("sids", {"a": 1}) != config_hash("sids", {"a": 2}) != config_hash("sequences", {"a": 2})
+
+    def fail(tmp):
+        (tmp / "half").write_text("x")
+        raise RuntimeError("crash")
+
+    with pytest.raises(RuntimeError):
+        cached(tmp_path, "sids", {"a": 1}, fail)
+    assert sorted(p.name for p in (tmp_path / "sids").iterdir() if p.is_dir()) == []  # no temp folder left
+
+    final = tmp_path / "sids" / config_hash("sids", {"a": 1})
+    final.mkdir()
+    (final / "stale").write_text("half-built, no meta.json")
+    path, hit = cached(tmp_path, "sids", {"a": 1}, lambda tmp: (tmp / "x.txt").write_text("ok") and {"n": 3})
+    assert (path, hit) == (final, False)
+    assert sorted(p.name for p in final.iterdir()) == ["meta.json", "x.txt"]
+    meta = json.loads((final / "meta.json").read_text())
+    assert meta["n"] == 3 and meta["config"] == {"a": 1} and meta["stage"] == "sids"
+    assert cached(tmp_path, "sids", {"a": 1}, lambda tmp: pytest.fail("rebuilt")) == (final, True)
+
+
+# ---------------------------------------------------------------- genrec.prepare
+
+
+class HashEmbed:
+    """A stand-in embedder: a fixed random vector per text (the real ones: tests/test_embed.py)."""
+
+    calls = 0
+
+    def __init__(self, dim: int = 8, **unused) -> None:
+        self.dim = dim
+
+    def __call__(self, texts):
+        HashEmbed.calls += 1
+        return np.stack([np.random.default_rng(zlib.crc32(t.encode())).normal(size=self.dim) for t in texts])
+
+
+def write_lcrec(root: Path, name: str = "Tiny", users: int = 40, items: int = 15) -> dict:
+    """A tiny Office-like dataset: every user 6 items, every item >= 5 users; plus an index file."""
+    root.mkdir(parents=True, exist_ok=True)
+    inter = {str(u): [(u * 7 + 3 * j) % items for j in range(6)] for u in range(users)}
+    meta = {str(i): {"title": f"Item {i}", "description": f"thing number {i}" if i % 3 else "",
+                     "brand": ["Acme", "Bolt"][i % 2], "categories": "Office Products, Misc"} for i in range(items)}
+    # codes (i % 4, i // 4 % 3, 1 for items 13 and 14): only items 0 and 12 collide
+    index = {str(i): [f"<a_{i % 4}>", f"<b_{i // 4 % 3}>", f"<c_{int(i in (13, 14))}>"] for i in range(items)}
+    (root / f"{name}.inter.json").write_text(json.dumps(inter))
+    (root / f"{name}.item.json").write_text(json.dumps(meta))
+    (root / f"{name}.index.rq-kmeans.json").write_text(json.dumps(index))
+    return inter
+
+
+def cfg_for(overrides):
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        return compose(config_name="config", overrides=overrides)
+
+
+def tiny(tmp_path, data_dir, *more):
+    write_lcrec(tmp_path / "raw")
+    return ["dataset=lcrec", f"dataset.root={tmp_path / 'raw'}", "dataset.name=Tiny", f"data_dir={data_dir}", *more]
+
+
+RQ = ["tokenizer=rqkmeans", "tokenizer.levels=2", "tokenizer.codebook_size=4", "tokenizer.iters=5",
+      f"embedder._target_={__name__}.HashEmbed"]
+
+
+def folders(data_dir):
+    """stage -> artefact folder names (and nothing else may be a folder there)."""
+    return {s.name: sorted(p.name for p in s.iterdir() if p.is_dir()) for s in sorted(data_dir.iterdir())}
+
+
+def test_prepare_tiny_end_to_end_and_cache(tmp_path, data_dir):
+    inter = write_lcrec(tmp_path / "raw")
+    base = tiny(tmp_path, data_dir, *RQ)
+    calls = HashEmbed.calls
+    first = prepare(cfg_for(base), log=pytest.fail)
+    s = first.summary
+    assert s["cache_hits"] == {"sequences": False, "embeddings": False, "sids": False}
+    assert HashEmbed.calls == calls + 1
+    assert (s["users"], s["items"], s["interactions"]) == (40, 15, 240)
+    assert first.seq.user_ids == [str(u) for u in range(40)] and first.seq.item_ids == [str(i) for i in range(15)]
+    assert [first.seq.items[first.seq.offsets[u]:first.seq.offsets[u + 1]].tolist() for u in range(40)] == list(inter.values())
+    assert first.seq.item_text[0] == "Title: Item 0. Brand: Acme. Categories: Office Products, Misc. Description:"
+    assert (s["train_examples"], s["valid_examples"], s["test_examples"]) == (40 * 3, 40, 40)
+    assert first.sids.codes.shape[0] == 15 and first.sids.num_candidates == 15 and s["levels"] == 3
+    assert set(s["timings"]) == {"sequences", "embeddings", "sids"} and s["seconds"] >= 0
+    built = folders(data_dir)
+    assert {k: len(v) for k, v in built.items()} == {"embeddings": 1, "sequences": 1, "sids": 1}
+    mtimes = {p: p.stat().st_mtime_ns for p in data_dir.glob("*/*/meta.json")}
+
+    again = prepare(cfg_for(base), log=pytest.fail)
+    assert again.summary["cache_hits"] == {"sequences": True, "embeddings": True, "sids": True}
+    assert HashEmbed.calls == calls + 1 and folders(data_dir) == built
+    assert {p: p.stat().st_mtime_ns for p in data_dir.glob("*/*/meta.json")} == mtimes
+    assert np.array_equal(again.sids.codes, first.sids.codes) and np.array_equal(again.seq.items, first.seq.items)
+
+    def hits(*changed):
+        return prepare(cfg_for(base + list(changed)), log=pytest.fail).summary["cache_hits"]
+
+    assert hits("tokenizer.seed=7") == {"sequences": True, "embeddings": True, "sids": False}
+    assert HashEmbed.calls == calls + 1
+    assert hits("embedder.max_length=64") == {"sequences": True, "embeddings": False, "sids": False}
+    assert hits("dataset.text_template='{title}'") == {"sequences": False, "embeddings": False, "sids": False}
+    assert {k: len(v) for k, v in folders(data_dir).items()} == {"embeddings": 3, "sequences": 2, "sids": 4}
+
+
+def test_prepare_precomputed_and_collision_policy(tmp_path, data_dir):
+    base = tiny(tmp_path, data_dir, "tokenizer=precomputed")
+    s = prepare(cfg_for(base), log=pytest.fail).summary
+    assert s["cache_hits"] == {"sequences": False, "sids": False}  # no embeddings needed
+    assert (s["levels"], s["unique_codes"], s["max_collision"]) == (4, 15, 1)
+    assert (s["unique_codes_before"], s["max_collision_before"]) == (14, 2)  # items 0 and 12 collide
+    merged = prepare(cfg_for(base + ["tokenizer.collision=merge"]), log=pytest.fail)
+    assert merged.summary["cache_hits"] == {"sequences": True, "sids": False}
+    assert (merged.summary["levels"], merged.summary["unique_codes"]) == (3, 14)
+    assert merged.sids.item_to_cand[0] == merged.sids.item_to_cand[12]
+
+
+def test_prepare_sliding_split(tmp_path, data_dir):
+    s = prepare(cfg_for(tiny(tmp_path, data_dir, "tokenizer=precomputed", "dataset.split=sliding"))).summary
+    assert (s["train_examples"], s["valid_examples"], s["test_examples"]) == (160, 20, 20)  # 200 examples, 8:1:1
+    with pytest.raises(DataError, match="dataset.split='random'"):
+        prepare(cfg_for(tiny(tmp_path, data_dir, "tokenizer=precomputed", "dataset.split=random")))
+
+
+def write_recbole(root: Path, bad: bool = True) -> Path:
+    """12 users x 6 movies over 8 movies, with one malformed row (line 5) and the index file."""
+    root.mkdir(parents=True, exist_ok=True)
+    rows = [f"{u}\t{(u + 3 * j) % 8 + 1}\t3\t{1000 + 10 * j}" for u in range(1, 13) for j in range(6)]
+    if bad:
+        rows.insert(3, "7\t3\t4")
+    (root / "tiny.inter").write_text("user_id:token\titem_id:token\trating:float\ttimestamp:float\n"
+                                     + "\n".join(rows) + "\n")
+    (root / "tiny.item").write_text("item_id:token\tmovie_title:token_seq\trelease_year:token\n"
+                                    + "".join(f"{i}\tMovie {i}\t199{i}\n" for i in range(1, 9)))
+    (root / "tiny.index.json").write_text(json.dumps({str(i): [f"<a_{i}>", "<b_0>"] for i in range(1, 9)}))
+    return root / "tiny.inter"
+
+
+def recbole_overrides(root, data_dir, *more):
+    return ["dataset=ml100k", f"dataset.reader.root={root}", "dataset.reader.name=tiny",
+            "dataset.text_template='{movie_title} ({release_year})'", "tokenizer=precomputed",
+            f"tokenizer.path={root / 'tiny.index.json'}", f"data_dir={data_dir}", *more]
+
+
+def test_prepare_reports_bad_records_and_strict(tmp_path, data_dir):
+    inter = write_recbole(tmp_path / "raw")
+    logged = []
+    p = prepare(cfg_for(recbole_overrides(tmp_path / "raw", data_dir)), log=logged.append)
+    assert logged == [f"[data] skipped 1 bad records (tiny.inter: 1); first: {inter}:5: "
+                      f"expected 4 tab-separated fields, got 3"]
+    assert (p.summary["users"], p.summary["items"], p.summary["interactions"]) == (12, 8, 72)
+    assert p.seq.item_text[0] == "Movie 1 (1991)"
+    # a fresh cache: strict turns the bad row into an error naming it
+    with pytest.raises(DataError, match=f"{inter}:5: .*dataset.strict=true"):
+        prepare(cfg_for(recbole_overrides(tmp_path / "raw", tmp_path / "fresh", "dataset.strict=true")))
+
+
+def test_prepare_strict_is_not_bypassed_by_the_cache(tmp_path, data_dir):
+    """A non-strict run caches the sequences of a file with a bad row; a later strict run on
+    the same files must still refuse them."""
+    inter = write_recbole(tmp_path / "raw")
+    prepare(cfg_for(recbole_overrides(tmp_path / "raw", data_dir)), log=lambda m: None)
+    with pytest.raises(DataError, match=f"{inter}:5: "):
+        prepare(cfg_for(recbole_overrides(tmp_path / "raw", data_dir, "dataset.strict=true")), log=lambda m: None)
+
+
+def test_prepare_clear_errors(tmp_path, data_dir):
+    with pytest.raises(DataError, match=r"no interactions left after 100-core filtering; lower dataset\.kcore"):
+        prepare(cfg_for(tiny(tmp_path, data_dir, "tokenizer=precomputed", "dataset.kcore=100")))
+    missing = tmp_path / "nowhere"
+    with pytest.raises(DataError, match=f"missing data file {missing / 'Tiny.inter.json'}"):
+        prepare(cfg_for(tiny(tmp_path, data_dir, "tokenizer=precomputed", f"dataset.root={missing}")))
+    with pytest.raises(DataError, match=r"tokenizer\.codebook_size=64"):
+        prepare(cfg_for(tiny(tmp_path, data_dir, *RQ, "tokenizer.codebook_size=64")))
+
+
+def test_hydra_lists_options_for_a_typo():
+    with pytest.raises(Exception, match=r"(?s)dataset/ml100kk.*Available options.*lcrec.*ml100k.*office"):
+        cfg_for(["dataset=ml100kk"])
+
+
+@pytest.mark.skipif(not OFFICE.exists(), reason="needs /work/shared/data/apao-office")
+def test_prepare_office_counts(data_dir):
+    p = prepare(cfg_for(["dataset=lcrec", f"dataset.root={OFFICE}", "dataset.name=Office",
+                         "tokenizer=precomputed", f"data_dir={data_dir}"]), log=pytest.fail)
+    s = p.summary
+    assert (s["users"], s["items"], s["interactions"]) == (4905, 2420, 53258)
+    assert (s["levels"], s["unique_codes"], s["unique_codes_before"], s["max_collision_before"]) == (5, 2420, 2415, 2)
+    assert (s["valid_examples"], s["test_examples"]) == (4905, 4905)
+    assert s["train_examples"] == 53258 - 3 * 4905  # positions 1..n-3 of every user
+
+
+# ---------------------------------------------------------------- concurrency
+
+
+def _prepare_slowly(cfg, queue):
+    """A forked child: every build sleeps first, so both processes reach each stage together."""
+    import genrec.data.sid as sid
+    import genrec.prepare as gp
+
+    build, call = gp.build_sequences, sid.Precomputed.__call__
+    gp.build_sequences = lambda *a, **k: (time.sleep(1.0), build(*a, **k))[1]
+    sid.Precomputed.__call__ = lambda *a, **k: (time.sleep(1.0), call(*a, **k))[1]
+    p = gp.prepare(cfg, log=lambda m: None)
+    queue.put((p.summary["cache_hits"], p.summary["artefacts"], p.sids.codes.tolist()))
+
+
+def test_concurrent_prepares_build_each_artefact_once(tmp_path, data_dir):
+    cfg = cfg_for(tiny(tmp_path, data_dir, "tokenizer=precomputed"))
+    ctx = mp.get_context("fork")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_prepare_slowly, args=(cfg, queue)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    results = [queue.get(timeout=120) for _ in procs]
+    for p in procs:
+        p.join(timeout=30)
+        assert p.exitcode == 0
+    for stage in ("sequences", "sids"):
+        assert sorted(r[0][stage] for r in results) == [False, True]  # one built, the other waited and read
+    assert results[0][1:] == results[1][1:]
+    assert {k: len(v) for k, v in folders(data_dir).items()} == {"sequences": 1, "sids": 1}
+    assert not [p for p in data_dir.rglob("*") if p.name.startswith(".tmp")]
+    for meta in data_dir.glob("*/*/meta.json"):
+        json.loads(meta.read_text())
+    assert SemanticIds.load(Path(results[0][1])).codes.tolist() == results[0][2]
+
+
+# ---------------------------------------------------------------- python -m genrec.prepare
+
+
+@pytest.fixture(scope="module")
+def cli(tmp_path_factory):
+    """Three commands at once (start-up dominates): a good run, a missing dataset, a typo."""
+    tmp = tmp_path_factory.mktemp("cli")
+    write_lcrec(tmp / "raw")
+    common = [f"data_dir={tmp / 'data'}", f"hydra.run.dir={tmp / 'run'}", "hydra.output_subdir=null"]
+    args = {
+        "ok": ["dataset=lcrec", f"dataset.root={tmp / 'raw'}", "dataset.name=Tiny", "tokenizer=precomputed"],
+        "missing": ["dataset=lcrec", f"dataset.root={tmp / 'nowhere'}", "dataset.name=Tiny", "tokenizer=precomputed"],
+        "typo": ["dataset=ml100kk"],
+    }
+    env = {**os.environ, "GENREC_DATA_DIR": str(tmp / "env-data"), "HF_HUB_OFFLINE": "1"}
+    env.pop("HYDRA_FULL_ERROR", None)
+    procs = {k: subprocess.Popen([sys.executable, "-m", "genrec.prepare", *a, *common], cwd=tmp, env=env,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for k, a in args.items()}
+    out = {k: (p.communicate(timeout=180), p.returncode) for k, p in procs.items()}
+    return tmp, out
+
+
+def test_cli_prints_json_summary_last(cli):
+    tmp, out = cli
+    (stdout, stderr), rc = out["ok"]
+    assert rc == 0, stderr
+    s = json.loads(stdout.strip().splitlines()[-1])
+    assert (s["users"], s["items"], s["interactions"], s["unique_codes"], s["max_collision"]) == (40, 15, 240, 15, 1)
+    assert isinstance(s["seconds"], float)
+    assert "40 users, 15 items, 240 interactions" in stdout
+    assert (tmp / "data" / "sids").is_dir() and not (tmp / "env-data").exists()
+
+
+def test_cli_bad_dataset_is_one_error_line(cli):
+    tmp, out = cli
+    (stdout, stderr), rc = out["missing"]
+    assert rc == 2
+    assert stderr.strip().splitlines() == [f"error: missing data file {tmp / 'nowhere' / 'Tiny.inter.json'} "
+                                           f"(nor Tiny.inter.json.gz); set dataset.root or run "
+                                           f"`python -m genrec.download dataset=<name>`"]
+    assert "Traceback" not in stdout + stderr
+
+
+def test_cli_typo_lists_the_options(cli):
+    _, out = cli
+    (stdout, stderr), rc = out["typo"]
+    assert rc != 0
+    text = stdout + stderr
+    assert "Could not find 'dataset/ml100kk'" in text and "Available options in 'dataset'" in text
+    assert all(f"\t{o}\n" in text for o in ("lcrec", "ml100k", "office", "yelp")), text
