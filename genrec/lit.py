@@ -47,9 +47,11 @@ class GenRec(L.LightningModule):
 
     # ---- training -------------------------------------------------------------------
     def on_train_epoch_start(self) -> None:
-        # Dropout etc. depend only on (seed, epoch, rank): a resumed run replays the same epoch.
-        torch.manual_seed(int(self.cfg.seed) * 1_000_003 + self.current_epoch * 1_009 + self.global_rank)
         self.objective.on_epoch_start(self.current_epoch)
+
+    def on_train_batch_start(self, batch: dict, batch_idx: int) -> None:
+        # Dropout depends only on (seed, epoch, batch, rank): a resumed run replays it exactly.
+        torch.manual_seed(hash((int(self.cfg.seed), self.current_epoch, batch_idx, self.global_rank)) % 2**63)
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         loss, terms = self.objective(batch, self.backbone, self.trie)

@@ -119,3 +119,16 @@ def test_hash32_is_well_spread():
     top = (h >> 28).flatten()  # high bits roughly uniform over 16 buckets
     freq = torch.bincount(top, minlength=16).double() / top.numel()
     assert (freq - 1 / 16).abs().max() < 0.01
+
+
+@pytest.mark.parametrize("name", ["apao", "sdpo"])
+def test_objectives_redraw_on_epoch_start(name):
+    from genrec.objectives.apao import APAO
+    from genrec.objectives.sdpo import SDPO
+
+    sids, _, batch = case(num_items=30, batch=16)
+    obj = APAO(num_negatives=6) if name == "apao" else SDPO(num_negatives=6)
+    obj.setup(make_ctx(sids), ToyBackbone(sids.vocab_size))
+    first = obj.negatives.sample(batch, 6)
+    obj.on_epoch_start(1)
+    assert obj.negatives.epoch == 1 and not torch.equal(obj.negatives.sample(batch, 6), first)

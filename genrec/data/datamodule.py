@@ -109,8 +109,9 @@ class SeqDataModule(L.LightningDataModule):
         rank, world = (self.trainer.global_rank, self.trainer.world_size) if self.trainer else (0, 1)
         sampler = LengthBatches(ds.lengths, self.batch_size if shuffle else self.eval_batch_size, shuffle,
                                 self.seed, rank, world, epoch=lambda: self.trainer.current_epoch if self.trainer else 0)
+        # Its own generator: creating an iterator must not consume the global RNG (dropout's).
         return DataLoader(ds, sampler=sampler, batch_size=None, num_workers=self.num_workers,
-                          persistent_workers=self.num_workers > 0)
+                          persistent_workers=self.num_workers > 0, generator=torch.Generator().manual_seed(self.seed))
 
     def train_dataloader(self) -> DataLoader:
         return self._loader("train", True)

@@ -102,6 +102,9 @@ class APAO(CE):
             b = self.bear
             self.bear_widths = list(b.get("widths") or [b.get("beam") or ctx.eval_beam])
 
+    def on_epoch_start(self, epoch: int) -> None:
+        self.negatives.set_epoch(epoch)
+
     def prefix_weights(self, L: torch.Tensor) -> torch.Tensor:
         """w [T] (detached) for this batch's prefix losses L [T] (detached)."""
         keep = self.keep.to(L.device)

@@ -80,6 +80,9 @@ class SDPO(Objective):
         self.negatives.setup(ctx)
         self.widths = [self.beam or ctx.eval_beam]
 
+    def on_epoch_start(self, epoch: int) -> None:
+        self.negatives.set_epoch(epoch)
+
     def train(self, mode: bool = True) -> "SDPO":
         super().train(mode)
         if getattr(self, "ref", None) is not None:
