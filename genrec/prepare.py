@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import hydra
 import numpy as np
+from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
@@ -47,7 +48,12 @@ def prepare(cfg: DictConfig, log=print) -> Prepared:
     start = time.time()
 
     def build_sequences_stage(tmp):
-        raw = instantiate(ds.reader, strict=ds.strict)
+        try:
+            raw = instantiate(ds.reader, strict=ds.strict)
+        except InstantiationException as e:  # Hydra wraps the reader's DataError
+            if isinstance(e.__cause__, DataError):
+                raise e.__cause__ from None
+            raise
         users, items, flat, times, offsets = build_sequences(raw, int(ds.kcore), where=f"dataset {ds.name}")
         splits = leave_one_out(offsets) if ds.split == "loo" else sliding_window(offsets, times)
         if not len(splits["train"]):
@@ -61,6 +67,8 @@ def prepare(cfg: DictConfig, log=print) -> Prepared:
     timings["sequences"] = time.time() - start
     report = read_meta(seq_path).get("read_report", "")
     if report and report != "no bad records":
+        if ds.strict:  # the cached artefact was built by a non-strict run
+            raise DataError(f"{report} (dataset.strict=true; set it to false to skip bad records)")
         log(f"[data] {report}")
 
     tokenizer = instantiate(cfg.tokenizer)

@@ -69,4 +69,5 @@ def allowed_tokens(sids: SemanticIds, prefix_tokens: list[int]) -> list[int]:
     return sorted({int(c[m]) for c in codes if list(c[:m]) == list(prefix_tokens)})
 
 
-__all__ = ["FixedLogits", "CountingToy", "make_ctx", "case", "allowed_tokens", "ToyBackbone", "random_batch", "random_sids"]
+__all__ = ["FixedLogits", "CountingToy", "make_ctx", "case", "allowed_tokens", "ToyBackbone", "random_batch",
+           "random_sids"]

@@ -57,7 +57,9 @@ def setup(sizes, items, batch=6, seed=0):
     return sids, Trie(sids), ToyBackbone(sids.vocab_size, seed=seed), random_batch(sids, batch, seed=seed)
 
 
-@pytest.mark.parametrize("sizes,items,beam", [([4, 4, 4], 40, 3), ([4, 4, 4], 40, 7), ([3, 3, 3, 3], 30, 5), ([5, 2], 7, 4)])
+@pytest.mark.parametrize(
+    "sizes,items,beam", [([4, 4, 4], 40, 3), ([4, 4, 4], 40, 7), ([3, 3, 3, 3], 30, 5), ([5, 2], 7, 4)]
+)
 def test_beam_matches_reference_loop(sizes, items, beam):
     sids, trie, bb, batch = setup(sizes, items)
     res = beam_search(bb, bb.encode(batch["history"], batch["mask"]), trie, beam)
@@ -147,7 +149,8 @@ def test_spec_example_pruning():
     trie = Trie(sids)
     tok = sids.cand_tokens()
     target = torch.tensor([0, 1])  # user 0 wants A, user 1 wants B
-    batch = {"history": tok[target], "mask": torch.ones(2, 2, dtype=torch.bool), "target_cand": target, "index": torch.tensor([5, 6])}
+    mask = torch.ones(2, 2, dtype=torch.bool)
+    batch = {"history": tok[target], "mask": mask, "target_cand": target, "index": torch.tensor([5, 6])}
     enc = bb.encode(batch["history"], batch["mask"])
     full = full_scores(bb, enc, trie)
     torch.testing.assert_close(full[0], torch.tensor(np.log([0.4, 0.3, 0.3]), dtype=torch.float))
@@ -175,7 +178,7 @@ def test_evaluator_rows_agree_with_beam_and_full_ranking():
     lists, _ = reference_beam(bb, batch["history"], batch["mask"], sids, 5)
     assert rows["rank"].tolist() == [lst.index(t) + 1 if t in lst else 0 for lst, t in zip(lists, target.tolist())]
     brute = brute_scores(bb, batch["history"], batch["mask"], sids)
-    assert rows["full_rank"].tolist() == [int((brute[b] > brute[b, t]).sum()) + 1 for b, t in enumerate(target.tolist())]
+    assert rows["full_rank"].tolist() == [int((brute[b] > brute[b, t]).sum()) + 1 for b, t in enumerate(target)]
     returned = rows["rank"] > 0
     assert (rows["full_rank"][returned] >= rows["rank"][returned]).all()  # pruned items can only rank above
     assert torch.equal(rows["prefix_hit"][:, -1], returned)
@@ -197,11 +200,11 @@ def fast_backbones(V):
     if importlib.util.find_spec("genrec.models.tiger"):
         from genrec.models.tiger import Tiger
 
-        out.append(Tiger(vocab_size=V, max_positions=64, d_model=32, d_ff=64, d_kv=8, num_heads=2, num_layers=2, dropout=0.0))
+        out.append(Tiger(V, max_positions=64, d_model=32, d_ff=64, d_kv=8, num_heads=2, num_layers=2, dropout=0.0))
     if importlib.util.find_spec("genrec.models.llama"):
         from genrec.models.llama import Llama
 
-        out.append(Llama(vocab_size=V, max_positions=64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2, num_kv_heads=1))
+        out.append(Llama(V, max_positions=64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2, num_kv_heads=1))
     return out
 
 

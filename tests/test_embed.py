@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from genrec.data.embed import HFCausalLM, MiniLM
+from genrec.data.embed import HFCausalLM, MiniLM, Random
 
 TEXTS = [
     "Title: Blue ballpoint pens, pack of 12. Categories: Office Products, Pens.",
@@ -89,3 +89,15 @@ def test_hf_lm_truncates_to_max_length(tiny_llama):
     with torch.no_grad():
         h = net.model(**ids).last_hidden_state[0].mean(0)
     np.testing.assert_allclose(emb[0], h.numpy(), atol=1e-5)
+
+
+def test_random_embedder_one_vector_per_distinct_text():
+    texts = ["b", "a", "b", "c", "a"]
+    emb = Random(dim=6, seed=3)(texts)
+    assert emb.shape == (5, 6) and emb.dtype == np.float32
+    for i in range(5):
+        for j in range(5):
+            assert np.array_equal(emb[i], emb[j]) == (texts[i] == texts[j])
+    assert np.array_equal(Random(dim=6, seed=3)(texts), emb)
+    assert not np.allclose(Random(dim=6, seed=4)(texts), emb)
+    assert Random(dim=6)([]).shape == (0, 6)

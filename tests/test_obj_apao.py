@@ -35,7 +35,10 @@ def test_pointwise_matches_loop(tau, tau_p):
     loss.backward()
 
     z = logits.clone().requires_grad_()
-    s = [[z[b, 0, t, y] / tau - torch.logsumexp(z[b, 0, t] / tau, 0) for t, y in enumerate(row)] for b, row in enumerate(batch["target"].tolist())]
+    s = [
+        [z[b, 0, t, y] / tau - torch.logsumexp(z[b, 0, t] / tau, 0) for t, y in enumerate(row)]
+        for b, row in enumerate(batch["target"].tolist())
+    ]
     ce = -sum(sum(r) for r in s) / (B * T)
     L = [-sum(sum(r[:m]) / m for r in s) / B / tau_p for m in range(1, T + 1)]
     w = _released_w([l.item() for l in L], eta)

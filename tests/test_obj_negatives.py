@@ -24,7 +24,8 @@ def _batch(targets, index=None):
 def _draw(s, batch, num, backbone=None):
     enc = None
     if backbone is not None:
-        enc = backbone.encode(torch.full((len(batch["index"]), 2), 3), torch.ones(len(batch["index"]), 2, dtype=torch.bool))
+        n = len(batch["index"])
+        enc = backbone.encode(torch.full((n, 2), 3), torch.ones(n, 2, dtype=torch.bool))
     return s.sample(batch, num, backbone, enc)
 
 

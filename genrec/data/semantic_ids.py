@@ -14,11 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
 
-from genrec.models.base import BOS, EOS, PAD  # noqa: F401  (re-exported for data code)
-
-SPECIAL = 3
+PAD, EOS, BOS = 0, 1, 2
+SPECIAL = 3  # number of special tokens before the codebooks
 
 
 @dataclass
@@ -53,12 +51,16 @@ class SemanticIds:
     def num_candidates(self) -> int:
         return len(self.cand_codes)
 
-    def item_tokens(self) -> torch.Tensor:
+    def item_tokens(self) -> "torch.Tensor":
         """[num_items, T] token ids."""
+        import torch  # lazily: the data stage alone never needs torch
+
         return torch.from_numpy(self.codes + self.offsets)
 
-    def cand_tokens(self) -> torch.Tensor:
+    def cand_tokens(self) -> "torch.Tensor":
         """[C, T] token ids of the distinct codes, in candidate order."""
+        import torch
+
         return torch.from_numpy(self.cand_codes + self.offsets)
 
     def stats(self) -> dict:

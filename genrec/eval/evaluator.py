@@ -19,7 +19,9 @@ from genrec.models.base import Backbone
 
 
 class Evaluator:
-    def __init__(self, beam: int = 20, ks: Sequence[int] = (5, 10, 20), full_rank: bool = False, chunk: int = 256) -> None:
+    def __init__(
+        self, beam: int = 20, ks: Sequence[int] = (5, 10, 20), full_rank: bool = False, chunk: int = 256
+    ) -> None:
         self.beam = beam
         self.ks = [int(k) for k in ks]
         self.full_rank = full_rank
@@ -35,7 +37,8 @@ class Evaluator:
         hit = res.cands == target[:, None]
         rank = torch.where(hit.any(1), hit.int().argmax(1) + 1, 0)
         target_pid = trie.cand_prefix_id[target]  # [B, T + 1]
-        prefix_hit = torch.stack([(p == target_pid[:, m + 1, None]).any(1) for m, p in enumerate(res.prefix_ids)], 1)
+        kept = res.prefix_ids  # step m: [B, K_m]
+        prefix_hit = torch.stack([(p == target_pid[:, m + 1, None]).any(1) for m, p in enumerate(kept)], 1)
         rows = {"index": batch["index"], "rank": rank, "prefix_hit": prefix_hit}
         if self.full_rank:
             rows["full_rank"] = rank_of(full_scores(backbone, enc, trie, self.chunk), target)

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
-PAD, EOS, BOS = 0, 1, 2
+from genrec.data.semantic_ids import BOS, EOS, PAD  # noqa: F401  (the token layout)
 
 
 @dataclass

@@ -85,8 +85,9 @@ class Llama(Backbone):
         """q [B, N, H, S, d] over each row's own keys k, v [B, N, H, t, d] (masked by `own_mask`)
         and, if `enc`, the user's shared history K/V [B, H, L, d] (layer i): one softmax over both."""
         p = self.hf.config.attention_dropout if self.training else 0.0
-        if enc is None:  # history prefill
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=own_mask, dropout_p=p)
+        if enc is None:  # history prefill (N = 1); SDPA's fused CPU kernel wants 4-D inputs
+            y = F.scaled_dot_product_attention(*(x.flatten(0, 1) for x in (q, k, v, own_mask)), dropout_p=p)
+            return y.unflatten(0, q.shape[:2])
         B, N, H, S, d = q.shape
         (hk, hv), L = enc.kv[i], enc.mask.shape[1]
         own = q @ k.transpose(-1, -2) * d**-0.5  # [B, N, H, S, t]

@@ -112,7 +112,7 @@ class APAO(CE):
             if self.training and torch.is_grad_enabled():
                 w = self.weights * torch.exp(self.eta * _process_mean(L).double())
                 self.weights.copy_(w / w.sum())
-            return self.weights.to(L.dtype)
+            return self.weights.to(L.dtype, copy=True)
         if self.weighting == "released":
             w = L * keep * torch.exp(self.eta * L)
             return torch.where(w.sum() > 0, w / w.sum().clamp(min=1e-30), keep / keep.sum())
@@ -125,7 +125,7 @@ class APAO(CE):
         T = target.shape[1]
         m = torch.arange(1, T + 1, device=target.device)
         if self.loss == "pointwise":
-            enc, logits = self.teacher_forced(batch, backbone)
+            _, logits = self.teacher_forced(batch, backbone)
             s = token_logprobs(logits, self.scored(target), self.temperature)  # [B, T(+1)]
             ce, pos_logits = -s.mean(), logits
             L = -(s[:, :T].cumsum(1) / m).mean(0) / self.prefix_temperature
