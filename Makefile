@@ -22,7 +22,7 @@ $(BIN)/.installed: pyproject.toml
 install: $(BIN)/.installed
 
 test: install
-	$(BIN)/python -m pytest -x -p no:cacheprovider --timeout 900
+	$(BIN)/python -m pytest -q -p no:cacheprovider --timeout 900
 
 run: install
 	$(BIN)/python -m genrec.train experiment=quickstart

@@ -203,7 +203,7 @@ def main() -> None:
     p.add_argument("--hf-users", type=int, default=64, help="users timed with HF generate (then scaled)")
     p.add_argument("--hf-batch", type=int, default=32)
     p.add_argument("--full-users", type=int, default=32)
-    p.add_argument("--chunk", type=int, default=16, help="users per full-ranking pass")
+    p.add_argument("--chunk", type=int, default=4096, help="full ranking: (user, prefix) rows per decoder call")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeat", type=int, default=2, help="timings of ours and the floor (min counts)")
     p.add_argument("--child", choices=["tiger", "llama"], help=argparse.SUPPRESS)

@@ -80,8 +80,9 @@ def test_wide_beam_is_full_ranking(sizes, items):
     sids, trie, bb, batch = setup(sizes, items, batch=5, seed=1)
     C = sids.num_candidates
     enc = bb.encode(batch["history"], batch["mask"])
-    full = full_scores(bb, enc, trie, chunk=2)
+    full = full_scores(bb, enc, trie, chunk=2)  # one prefix per step call
     torch.testing.assert_close(full, brute_scores(bb, batch["history"], batch["mask"], sids), rtol=0, atol=1e-5)
+    torch.testing.assert_close(full_scores(bb, enc, trie, chunk=10**6), full, rtol=0, atol=1e-6)  # one block
     res = beam_search(bb, enc, trie, beam=C + 3)
     order = full.sort(dim=1, descending=True, stable=True)
     assert res.cands[:, :C].tolist() == order.indices.tolist()
@@ -226,7 +227,7 @@ def test_fast_backbones():
             ref = beam_search(RefStep(bb), enc, trie, beam)  # Backbone.step over prefix_logits
             assert torch.equal(ref.cands, res.cands)
             torch.testing.assert_close(ref.scores, res.scores, rtol=0, atol=1e-4)
-        full = full_scores(bb, enc, trie, chunk=2)
+        full = full_scores(bb, enc, trie, chunk=9)  # two prefixes per step call
         torch.testing.assert_close(full, brute_scores(bb, batch["history"], batch["mask"], sids), rtol=0, atol=1e-4)
 
 

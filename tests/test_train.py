@@ -99,3 +99,21 @@ def test_config_typo_lists_valid_options():
                          capture_output=True, text=True, timeout=120)
     assert out.returncode != 0
     assert "apao" in out.stderr and "bear" in out.stderr  # Hydra lists the available options
+
+
+def test_evaluate_reproduces_test_metrics_and_reruns_other_beams(tmp_path):
+    r = run(config(tmp_path, "trainer.max_epochs=1"))
+    from genrec.evaluate import evaluate
+
+    with initialize_config_dir(CONF, version_base="1.3"):
+        same = compose("evaluate", overrides=[f"ckpt={tmp_path}/run", "eval.beam=5", "eval.ks=[1,5]",
+                                              f"data_dir={tmp_path.parent}/data"])
+        wide = compose("evaluate", overrides=[f"ckpt={tmp_path}/run", "eval.beam=60", "eval.ks=[1,5]",
+                                              "eval.full_rank=true", f"data_dir={tmp_path.parent}/data"])
+    a = evaluate(same)
+    # Same ranking metrics; the loss may differ in the last bits (other eval batch size, other padding).
+    assert {k: v for k, v in a.items() if k.startswith("test/")} == pytest.approx(
+        {k: v for k, v in r.items() if k.startswith("test/")}, rel=1e-5)
+    b = evaluate(wide)  # beam >= catalogue: beam search is exact, nothing is pruned
+    assert b["test/recall@5"] == b["test/full/recall@5"] and b["test/pruning_rate@5"] == 0
+    assert (tmp_path / "run" / "eval" / "test-beam60-full.json").exists()

@@ -20,12 +20,12 @@ from genrec.models.base import Backbone
 
 class Evaluator:
     def __init__(
-        self, beam: int = 20, ks: Sequence[int] = (5, 10, 20), full_rank: bool = False, chunk: int = 256
+        self, beam: int = 20, ks: Sequence[int] = (5, 10, 20), full_rank: bool = False, chunk: int = 4096
     ) -> None:
         self.beam = beam
         self.ks = [int(k) for k in ks]
         self.full_rank = full_rank
-        self.chunk = chunk  # users per full-ranking pass (bounds its memory)
+        self.chunk = chunk  # (user, prefix) rows per full-ranking decoder call (bounds its memory)
 
     @torch.no_grad()
     def per_example(self, backbone: Backbone, trie: Trie, batch: dict) -> dict[str, torch.Tensor]:

@@ -1,13 +1,14 @@
 """Exact full-item ranking: S(y|x) for every candidate, re-using the history encoding.
 
-The trie is expanded level by level with `backbone.step`: at level m every user holds all
-P_m distinct m-prefixes as beams, and each (m+1)-prefix is its parent's beam plus one
-token. The cost is one decoder step per distinct prefix (sum_m P_m), not C * T.
+The trie is expanded with `backbone.step`, every distinct prefix once (cost sum_m P_m
+decoder positions per user, not C * T): a prefix's children are its beam plus one token.
+The expansion is depth-first over blocks of prefixes, all users at once, so that one step
+call holds at most about `chunk` (user, prefix) rows whatever the catalogue size; only the
+states of the current block's ancestors stay alive.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import torch
@@ -17,47 +18,33 @@ from genrec.eval.trie import Trie
 from genrec.models.base import Backbone
 
 
-def slice_users(enc: Any, sl: slice, batch: int) -> Any:
-    """Rows `sl` of a history encoding: tensors whose first dim is the batch, inside
-    dataclasses, tuples, lists and dicts; anything else is shared as is."""
-    if isinstance(enc, torch.Tensor):
-        return enc[sl] if enc.dim() and enc.shape[0] == batch else enc
-    if dataclasses.is_dataclass(enc):
-        fields = {f.name: slice_users(getattr(enc, f.name), sl, batch) for f in dataclasses.fields(enc) if f.init}
-        return dataclasses.replace(enc, **fields)
-    if isinstance(enc, (tuple, list)):
-        return type(enc)(slice_users(x, sl, batch) for x in enc)
-    if isinstance(enc, dict):
-        return {k: slice_users(v, sl, batch) for k, v in enc.items()}
-    return enc
-
-
-def trie_edges(trie: Trie, m: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """For each (m+1)-prefix id: its parent's m-prefix id and its last code."""
-    parent, code = (trie.child[m] >= 0).nonzero(as_tuple=True)
-    order = trie.child[m][parent, code].argsort()
-    return parent[order], code[order]
-
-
 @torch.no_grad()
-def full_scores(backbone: Backbone, enc: Any, trie: Trie, chunk: int = 64) -> torch.Tensor:
-    """S(y|x) [B, C] of every candidate, `chunk` users at a time."""
+def full_scores(backbone: Backbone, enc: Any, trie: Trie, chunk: int = 4096) -> torch.Tensor:
+    """S(y|x) [B, C] of every candidate; about `chunk` (user, prefix) rows per step call."""
     B = enc.mask.shape[0]
-    edges = [trie_edges(trie, m) for m in range(trie.num_levels)]
-    out = []
-    for lo in range(0, B, chunk):
-        sub = slice_users(enc, slice(lo, lo + chunk), B)
-        n = sub.mask.shape[0]
-        logits, state = backbone.step(backbone.start(sub), None, None)
-        score = logits.new_zeros(n, 1, dtype=torch.float)
-        for m, (parent, code) in enumerate(edges):
-            logp = level_logprobs(logits, trie, m)  # [n, P_m, size_m]
-            score = score[:, parent] + logp[:, parent, code]  # [n, P_{m+1}]
-            if m + 1 < trie.num_levels:
-                tokens = (code + trie.offsets[m]).expand(n, -1)
-                logits, state = backbone.step(state, tokens, parent.expand(n, -1))
-        out.append(score)
-    return torch.cat(out)
+    block = max(1, chunk // B)  # prefixes per step call
+    out = torch.empty(B, trie.num_prefixes(trie.num_levels), device=enc.mask.device)
+
+    def expand(state: Any, logits: torch.Tensor, m: int, pids: torch.Tensor, score: torch.Tensor) -> None:
+        """The beams of `state` are the level-m prefixes `pids` [P] (the same for every user),
+        with next-token logits [B, P, V] and scores S^m [B, P]."""
+        kids = trie.child[m][pids]  # [P, size_m]
+        pos, code = (kids >= 0).nonzero(as_tuple=True)  # parent's beam, token code of each child
+        ids = kids[pos, code]
+        score = score[:, pos] + level_logprobs(logits, trie, m)[:, pos, code]  # S^{m+1} [B, #children]
+        if m + 1 == trie.num_levels:
+            out[:, ids] = score
+            return
+        tokens = code + trie.offsets[m]
+        for lo in range(0, len(ids), block):
+            sl = slice(lo, lo + block)
+            lg, st = backbone.step(state, tokens[sl].expand(B, -1), pos[sl].expand(B, -1))
+            expand(st, lg, m + 1, ids[sl], score[:, sl])
+
+    logits, state = backbone.step(backbone.start(enc), None, None)
+    root = torch.zeros(1, dtype=torch.long, device=out.device)
+    expand(state, logits, 0, root, out.new_zeros(B, 1))
+    return out
 
 
 def rank_of(scores: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,102 @@
+"""Shared helpers of the training benchmarks: Office config, real training batches, one
+optimiser step of the LightningModule's own objective and optimiser, timers.
+
+Office is the APAO release's processed data with its own codes (`tokenizer=precomputed`,
+colliding items merged: T = 4 as in the papers), so no embedding model runs.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import resource
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from genrec.data.datamodule import LengthBatches, SeqDataModule  # noqa: E402
+from genrec.lit import GenRec  # noqa: E402
+from genrec.prepare import Prepared, prepare  # noqa: E402
+
+OFFICE = ["dataset=lcrec", "dataset.root=/work/shared/data/apao-office", "dataset.name=Office",
+          "tokenizer=precomputed", "tokenizer.collision=merge"]
+
+
+def config(overrides: list[str]) -> DictConfig:
+    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+        return compose("config", [*OFFICE, *overrides])
+
+
+def office(overrides: list[str], batch_size: int) -> tuple[DictConfig, Prepared, SeqDataModule]:
+    """Config, the (cached) data stage and the datamodule; run from anywhere, data under ROOT/data."""
+    cfg = config([f"trainer.batch_size={batch_size}", f"data_dir={ROOT / 'data'}", *overrides])
+    data = prepare(cfg, log=lambda m: print(m, file=sys.stderr))
+    dm = SeqDataModule(data.seq, data.sids, cfg.dataset.max_history, batch_size, batch_size, cfg.seed)
+    return cfg, data, dm
+
+
+def train_batches(dm: SeqDataModule, n: int) -> list[dict]:
+    """The first n batches of epoch 0 of the (seeded, length-bucketed) training loader:
+    a random sample of the epoch's batches, the same for every backbone and objective."""
+    out = []
+    for batch in dm.train_dataloader():
+        if len(out) == n:
+            break
+        out.append(batch)
+    return out
+
+
+class Trainer:
+    """forward (objective) + backward + gradient clipping + AdamW + scheduler, as `genrec.train`
+    runs them (without Lightning's loop and logging)."""
+
+    def __init__(self, cfg: DictConfig, data: Prepared, dm: SeqDataModule, seed: int = 0) -> None:
+        torch.manual_seed(seed)
+        steps = math.ceil(len(dm.splits["train"]) / dm.batch_size)
+        self.module = GenRec(cfg, data.sids, dm.item_counts(), steps).train()
+        opt = self.module.configure_optimizers()
+        self.opt, self.sched = opt["optimizer"], opt["lr_scheduler"]["scheduler"]
+        self.clip = cfg.trainer.gradient_clip
+
+    def step(self, batch: dict) -> float:
+        m = self.module
+        loss, _ = m.objective(batch, m.backbone, m.trie)
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if self.clip:
+            torch.nn.utils.clip_grad_norm_([p for p in m.parameters() if p.requires_grad], self.clip)
+        self.opt.step()
+        self.sched.step()
+        return float(loss.detach())
+
+
+def timed(f, *args) -> tuple[float, float]:
+    """(wall seconds, process CPU seconds) of f(*args)."""
+    t, c = time.perf_counter(), time.process_time()
+    f(*args)
+    return time.perf_counter() - t, time.process_time() - c
+
+
+def peak_rss_gb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB
+
+
+def load_average() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def padding_efficiency(lengths: np.ndarray, batch_size: int, T: int, seed: int, bucketed: bool = True) -> float:
+    """Real history tokens / padded history tokens over one epoch of training batches (a history
+    holds n items * T tokens + eos, padded to its batch's maximum): our length-bucketed batches,
+    or random batches (`bucketed=False`: the sort window is a single batch)."""
+    tokens = lengths * T + 1
+    batches = LengthBatches(lengths, batch_size, True, seed, **({} if bucketed else {"window": 1})).batches()
+    return float(sum(tokens[b].sum() for b in batches) / sum(len(b) * tokens[b].max() for b in batches))

@@ -1,0 +1,83 @@
+"""Re-evaluate a trained run (other beam widths, full ranking, the other split).
+
+    python -m genrec.evaluate ckpt=<run dir or .ckpt> eval.beam=50 eval.full_rank=true
+    python -m genrec.evaluate -m ckpt=<run dir> eval.beam=10,20,50,100
+
+Rebuilds the run's model from its saved `config.yaml` (data artefacts come from the
+cache), loads the checkpoint, evaluates, and writes `<run dir>/eval/<split>-beam<K>.json`;
+the last line printed is the same JSON object.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import hydra
+import lightning as L
+import torch
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from genrec.data.datamodule import SeqDataModule
+from genrec.data.readers.common import DataError
+from genrec.lit import GenRec
+from genrec.prepare import prepare
+from genrec.train import write_json
+
+
+def locate(ckpt: str) -> tuple[Path, Path]:
+    """(run dir, checkpoint file) for a run dir or a checkpoint path."""
+    path = Path(ckpt).expanduser().resolve()
+    if path.is_file():
+        run_dir = path.parent.parent
+    else:
+        run_dir = path
+        found = [run_dir / "checkpoints" / n for n in ("best.ckpt", "last.ckpt") if (run_dir / "checkpoints" / n).exists()]
+        if not found:
+            raise DataError(f"ckpt={ckpt}: no checkpoints/best.ckpt or last.ckpt under {run_dir}")
+        path = found[0]
+    if not (run_dir / "config.yaml").exists():
+        raise DataError(f"ckpt={ckpt}: {run_dir / 'config.yaml'} is missing (not a genrec run dir?)")
+    return run_dir, path
+
+
+def evaluate(cfg: DictConfig) -> dict:
+    run_dir, ckpt = locate(cfg.ckpt)
+    run_cfg = OmegaConf.load(run_dir / "config.yaml")
+    with open_dict(run_cfg):
+        run_cfg.eval = cfg.eval
+        run_cfg.data_dir = cfg.data_dir
+    data = prepare(run_cfg, log=lambda m: print(m, file=sys.stderr))
+    dm = SeqDataModule(data.seq, data.sids, run_cfg.dataset.max_history, cfg.batch_size, cfg.batch_size,
+                       run_cfg.seed)
+    module = GenRec(run_cfg, data.sids, dm.item_counts(), steps_per_epoch=1)
+    state = torch.load(ckpt, map_location="cpu", weights_only=False)["state_dict"]
+    module.load_state_dict(state)
+    trainer = L.Trainer(accelerator=cfg.accelerator, devices=1, logger=False, enable_model_summary=False,
+                        use_distributed_sampler=False)
+    loader = dm.test_dataloader if cfg.split == "test" else dm.val_dataloader
+    trainer.test(module, dataloaders=loader(), verbose=False)  # the test step, on the chosen split
+    metrics = {f"{cfg.split}/{k}": v for k, v in module.last_metrics["test"].items()}
+    result = {**metrics, "beam": cfg.eval.beam, "full_rank": cfg.eval.full_rank, "checkpoint": str(ckpt)}
+    out = run_dir / "eval" / f"{cfg.split}-beam{cfg.eval.beam}{'-full' if cfg.eval.full_rank else ''}.json"
+    out.parent.mkdir(exist_ok=True)
+    write_json(out, result)
+    return result
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="evaluate")
+def main(cfg: DictConfig) -> None:
+    if cfg.split not in ("test", "valid"):
+        print(f"error: split={cfg.split!r} must be test or valid", file=sys.stderr)
+        sys.exit(2)
+    try:
+        result = evaluate(cfg)
+    except DataError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
