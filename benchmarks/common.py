@@ -43,18 +43,24 @@ def office(overrides: list[str], batch_size: int) -> tuple[DictConfig, Prepared,
     return cfg, data, dm
 
 
-def train_batches(dm: SeqDataModule, n: int) -> list[dict]:
-    """The first n batches of epoch 0 of the (seeded, length-bucketed) training loader:
-    a random sample of the epoch's batches, the same for every backbone and objective."""
-    out = []
-    for batch in dm.train_dataloader():
-        if len(out) == n:
-            break
-        out.append(batch)
-    return out
+def epoch(lengths: np.ndarray, batch_size: int, seed: int, bucketed: bool = True) -> list[np.ndarray]:
+    """Epoch 0's training batches (example ids) as `SeqDataModule` draws them; `bucketed=False`:
+    random batches instead (the length-sorting window is a single batch)."""
+    return LengthBatches(lengths, batch_size, True, seed, **({} if bucketed else {"window": 1})).batches()
 
 
-class Trainer:
+def epoch_batches(dm: SeqDataModule, n: int, bucketed: bool = True) -> list[dict]:
+    """n of epoch 0's training batches, as the train loader yields them (its sampler and
+    collation), picked at evenly spaced quantiles of their padded width so that the sample costs
+    what the epoch costs per example; in epoch order."""
+    ds = dm.splits["train"]
+    batches = epoch(ds.lengths, dm.batch_size, dm.seed, bucketed)
+    width = np.array([ds.lengths[b].max() for b in batches])
+    pick = np.argsort(width, kind="stable")[((np.arange(n) + 0.5) / n * len(batches)).astype(int)]
+    return [ds[batches[i].tolist()] for i in np.sort(pick)]
+
+
+class TrainStep:
     """forward (objective) + backward + gradient clipping + AdamW + scheduler, as `genrec.train`
     runs them (without Lightning's loop and logging)."""
 
@@ -98,5 +104,5 @@ def padding_efficiency(lengths: np.ndarray, batch_size: int, T: int, seed: int, 
     holds n items * T tokens + eos, padded to its batch's maximum): our length-bucketed batches,
     or random batches (`bucketed=False`: the sort window is a single batch)."""
     tokens = lengths * T + 1
-    batches = LengthBatches(lengths, batch_size, True, seed, **({} if bucketed else {"window": 1})).batches()
+    batches = epoch(lengths, batch_size, seed, bucketed)
     return float(sum(tokens[b].sum() for b in batches) / sum(len(b) * tokens[b].max() for b in batches))

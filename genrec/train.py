@@ -27,8 +27,10 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from genrec.data.datamodule import SeqDataModule
 from genrec.data.readers.common import DataError
 from genrec.lit import GenRec, NonFiniteLoss
+from genrec.loggers import close_wandb, log_final
 from genrec.prepare import prepare
 
+CONF = Path(__file__).resolve().parent.parent / "conf"
 VOLATILE = ("resume", "run_dir")  # config keys that may differ between a run and its resumption
 
 
@@ -67,7 +69,23 @@ def find_resume_dir(cfg: DictConfig) -> Path | None:
     return None
 
 
-def run(cfg: DictConfig) -> dict:
+def run_stage1(cfg: DictConfig, run_dir: Path) -> None:
+    """Two-stage objectives (`objective.ref_ckpt: stage1`, e.g. S-DPO): first train the same
+    configuration with CE into `<run dir>/stage1`, then point `ref_ckpt` at it."""
+    stage1 = run_dir / "stage1"
+    if not (stage1 / "metrics.json").exists():
+        ce = cfg.copy()
+        with open_dict(ce):
+            ce.objective = OmegaConf.load(CONF / "objective" / "ce.yaml")
+            ce.run_dir, ce.resume = str(stage1), (stage1 / "checkpoints" / "last.ckpt").exists()
+            ce.logger = {"_target_": "lightning.pytorch.loggers.CSVLogger", "save_dir": str(stage1), "name": "logs",
+                         "version": ""}
+        run(ce, objective_name="ce")
+    with open_dict(cfg):
+        cfg.objective.ref_ckpt = str(stage1)
+
+
+def run(cfg: DictConfig, objective_name: str | None = None) -> dict:
     start = time.time()
     resume_dir = find_resume_dir(cfg)
     if resume_dir is not None:
@@ -75,6 +93,8 @@ def run(cfg: DictConfig) -> dict:
             cfg.run_dir = str(resume_dir)
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    if cfg.objective.get("ref_ckpt") == "stage1":
+        run_stage1(cfg, run_dir)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     if cfg.trainer.deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
@@ -101,7 +121,7 @@ def run(cfg: DictConfig) -> dict:
         deterministic=t.deterministic, use_distributed_sampler=False, num_sanity_val_steps=0,
         check_val_every_n_epoch=t.check_val_every_n_epoch, limit_train_batches=t.limit_train_batches,
         limit_val_batches=t.limit_val_batches, enable_progress_bar=t.progress_bar, default_root_dir=run_dir,
-        enable_model_summary=False,
+        enable_model_summary=False, log_every_n_steps=t.log_every_n_steps,
     )
     if trainer.is_global_zero:
         (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
@@ -117,12 +137,16 @@ def run(cfg: DictConfig) -> dict:
         **({f"val/{k}": v for k, v in next(h for h in history if h["epoch"] == best_epoch).items() if k != "epoch"}
            if history else {}),
         "best_epoch": best_epoch, "epochs": trainer.current_epoch, "seconds": round(time.time() - start, 1),
-        "dataset": cfg.dataset.name, "backbone": _choice(cfg, "backbone"), "objective": _choice(cfg, "objective"),
+        "dataset": cfg.dataset.name, "backbone": _choice(cfg, "backbone"), "objective": objective_name or _choice(cfg, "objective"),
         "seed": cfg.seed, "checkpoint": best, "history": history,
     }
     if trainer.is_global_zero:
         write_json(run_dir / "metrics.json", result)
+        (run_dir / "failed.json").unlink(missing_ok=True)  # a resumed run that once failed
+        log_final(trainer.logger, result)
         print_summary(result, data.summary)
+    if trainer.logger is not None:
+        trainer.logger.finalize("success")
     return result
 
 
@@ -156,11 +180,21 @@ def print_summary(r: dict, data: dict) -> None:
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> float | None:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
     try:
         result = run(cfg)
-    except (DataError, NonFiniteLoss) as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    except BaseException as e:
+        # Recorded in the run dir (the report shows the cell as failed); in a sweep the
+        # exception goes to Hydra, which runs the remaining jobs before it reports failures.
+        Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
+        write_json(Path(cfg.run_dir) / "failed.json", {"error": f"{type(e).__name__}: {e}"})
+        close_wandb(exit_code=1)  # else the next sweep job in this process would log into this run
+        if isinstance(e, (DataError, NonFiniteLoss)) and HydraConfig.get().mode != RunMode.MULTIRUN:
+            print(f"error: {e}", file=sys.stderr)
+            sys.exit(2)
+        raise
     return result.get(f"test/{cfg.trainer.monitor.split('/', 1)[1]}")  # the value Optuna sweeps optimise
 
 

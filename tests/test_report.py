@@ -1,0 +1,276 @@
+"""genrec.report on fake run dirs with known metrics (+ one real tiny multirun end to end)."""
+
+import csv
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from genrec import report as rep
+
+ROOT = Path(__file__).parents[1]
+METRICS = ["recall@10", "ndcg@10", "recall@20", "ndcg@20"]
+SCALE = {"recall@10": 1.0, "ndcg@10": 0.5, "recall@20": 1.4, "ndcg@20": 0.6}
+BASE = {("beauty", "tiger"): 0.060, ("beauty", "llama"): 0.050, ("yelp", "tiger"): 0.040, ("yelp", "llama"): 0.030}
+OBJECTIVES = {"ce": {"_target_": "genrec.objectives.ce.CE", "temperature": 1.0},
+              "pairwise": {"_target_": "genrec.objectives.apao.APAO", "loss": "pairwise", "beta": 0.1, "eta": 1e-5,
+                           "weights": "paper", "bear": None},
+              "pointwise": {"_target_": "genrec.objectives.apao.APAO", "loss": "pointwise", "beta": 0.1, "eta": 1e-5,
+                            "weights": "paper", "bear": None}}
+LABEL = {"ce": "CE", "pairwise": "APAO-pairwise", "pointwise": "APAO-pointwise"}
+T = 3
+OLD = time.time() - 3600
+
+
+def value(ds: str, bb: str, obj: str, seed: int, metric: str) -> float:
+    mult = {"ce": 1.0, "pairwise": 1.05, "pointwise": 1.08 if (ds, bb) == ("beauty", "llama") else 1.02}[obj]
+    return BASE[(ds, bb)] * mult * SCALE[metric] + {1: -0.001, 2: 0.0025}[seed] * SCALE[metric]
+
+
+def write_run(path: Path, ds: str, bb: str, objective: dict, seed: int, metrics: dict | None, old: bool = False,
+              logs: list[dict] | None = None, evals: dict[int, dict] | None = None) -> Path:
+    path.mkdir(parents=True)
+    cfg = {"dataset": {"name": ds}, "backbone": {"_target_": f"genrec.models.{bb}.{bb.title()}", "d_model": 8},
+           "objective": objective, "eval": {"beam": 20, "ks": [5, 10, 20]},
+           "trainer": {"monitor": "val/ndcg@10", "devices": 1}, "seed": seed, "run_dir": str(path)}
+    (path / "config.yaml").write_text(yaml.safe_dump(cfg))
+    if metrics is not None:
+        (path / "metrics.json").write_text(json.dumps({**metrics, "backbone": bb, "dataset": ds, "seed": seed}))
+    if logs:
+        (path / "logs").mkdir()
+        keys = sorted({k for r in logs for k in r})
+        with (path / "logs" / "metrics.csv").open("w", newline="") as f:
+            w = csv.DictWriter(f, keys)
+            w.writeheader()
+            w.writerows(logs)
+    for beam, e in (evals or {}).items():
+        (path / "eval").mkdir(exist_ok=True)
+        (path / "eval" / f"test-beam{beam}.json").write_text(json.dumps({**e, "beam": beam, "full_rank": False}))
+    if old:
+        for p in path.rglob("*"):
+            os.utime(p, (OLD, OLD))
+    return path
+
+
+def fake_metrics(ds, bb, obj, seed) -> dict:
+    m = {f"test/{k}": value(ds, bb, obj, seed, k) for k in METRICS}
+    m.update({f"val/{k}": 0.9 * value(ds, bb, obj, seed, k) for k in METRICS})
+    m.update({f"test/prefix_recall@{t}": 0.5 / t + 0.01 * seed for t in range(1, T + 1)})
+    m.update({f"test/pruning_rate@{k}": 0.1 * k / 20 + 0.01 * len(obj) for k in (5, 10, 20)})
+    m["history"] = [{"epoch": e, "loss": 3.0 - 0.1 * e, "ndcg@10": 0.01 * (e + 1) + 0.001 * seed} for e in range(3)]
+    return m
+
+
+@pytest.fixture(scope="module")
+def grid(tmp_path_factory):
+    """2 datasets × 2 backbones × {ce, apao-pairwise, apao-pointwise} × 2 seeds; (yelp, llama, pointwise) failed
+    on both seeds; a failed earlier attempt duplicating (beauty, tiger, ce, seed 1) that a rerun replaced."""
+    root = tmp_path_factory.mktemp("runs")
+    for ds, bb in BASE:
+        for obj in OBJECTIVES:
+            for seed in (1, 2):
+                failed = (ds, bb, obj) == ("yelp", "llama", "pointwise")
+                logs = [{"epoch": e, "step": 10 * e + s, "train/loss": 4.0 - e - 0.1 * s,
+                         **({f"train/apao/w{m}": (m + e) / 10 for m in range(1, T + 1)} if obj != "ce" else {})}
+                        for e in range(3) for s in range(2)]
+                evals = {b: {f"test/{k}": value(ds, bb, obj, seed, k) * b / 20 for k in METRICS} for b in (5, 10)}
+                write_run(root / "multirun" / f"{ds}-{bb}-{obj}-{seed}", ds, bb, OBJECTIVES[obj], seed,
+                          None if failed else fake_metrics(ds, bb, obj, seed), old=failed, logs=logs, evals=evals)
+    write_run(root / "outputs" / "attempt0", "beauty", "tiger", OBJECTIVES["ce"], 1, None, old=True)
+    (root / "outputs" / "notarun").mkdir()
+    (root / "outputs" / "notarun" / "config.yaml").write_text("lr: 1\n")
+    out = root / "report"
+    summary = rep.report([root / "multirun", root / "outputs"], out, METRICS, baseline="ce", split="test")
+    return root, out, summary
+
+
+def expected_cells() -> dict:
+    """Reference: explicit loops over the seeds, sample std, gain over the CE mean, best per backbone block."""
+    exp = {}
+    for (ds, bb) in BASE:
+        for obj in OBJECTIVES:
+            for m in METRICS:
+                if (ds, bb, obj) == ("yelp", "llama", "pointwise"):
+                    exp[(bb, LABEL[obj], ds, m)] = {"status": "failed", "mean": None}
+                    continue
+                xs = [value(ds, bb, obj, s, m) for s in (1, 2)]
+                mean = sum(xs) / len(xs)
+                std = math.sqrt(sum((x - mean) ** 2 for x in xs) / (len(xs) - 1))
+                exp[(bb, LABEL[obj], ds, m)] = {"status": "ok", "mean": mean, "std": std}
+    for (bb, lab, ds, m), c in exp.items():
+        ce = exp[(bb, "CE", ds, m)]["mean"]
+        c["gain"] = None if lab == "CE" or c["mean"] is None else (c["mean"] - ce) / ce * 100
+        block = [exp[(bb, l2, ds, m)]["mean"] for l2 in LABEL.values() if exp[(bb, l2, ds, m)]["mean"] is not None]
+        c["best"] = c["mean"] is not None and all(c["mean"] >= x for x in block)
+    return exp
+
+
+def test_table_cells_match_reference(grid):
+    _, out, summary = grid
+    exp = expected_cells()
+    cells = {(c["backbone"], c["objective"], c["dataset"], c["metric"]): c for c in summary["cells"]}
+    assert set(cells) == set(exp)
+    for key, e in exp.items():
+        c = cells[key]
+        assert c["status"] == e["status"], key
+        if e["mean"] is None:
+            assert c["mean"] is None and c["text"] == "failed" and not c["best"]
+            continue
+        assert c["n"] == 2 and c["seeds"] == [1, 2]
+        assert c["mean"] == pytest.approx(e["mean"], rel=1e-12) and c["std"] == pytest.approx(e["std"], rel=1e-9)
+        assert (c["gain"] is None) == (e["gain"] is None) and (e["gain"] is None or c["gain"] == pytest.approx(e["gain"]))
+        assert c["best"] == e["best"], key
+    # the reference picks the winners the fake numbers were built to have
+    assert cells[("tiger", "APAO-pairwise", "beauty", "ndcg@10")]["best"]
+    assert cells[("llama", "APAO-pointwise", "beauty", "recall@20")]["best"]
+    assert cells[("llama", "APAO-pairwise", "yelp", "recall@10")]["best"]  # pointwise failed there
+    assert summary["runs"] == {"ok": 22, "failed": 3, "running": 0}
+    assert [r["objective"] for r in summary["rows"]][:3] == ["CE", "APAO-pointwise", "APAO-pairwise"]
+
+
+def test_markdown_latex_csv_written_and_parseable(grid):
+    _, out, summary = grid
+    exp = expected_cells()
+    rows = [(r["backbone"], r["objective"]) for r in summary["rows"]]
+    cols = [(c["dataset"], c["metric"]) for c in summary["columns"]]
+    assert cols == [(d, m) for d in ("beauty", "yelp") for m in METRICS]
+
+    md = (out / "table.md").read_text().strip().splitlines()
+    table = [[x.strip() for x in line.strip("|").split("|")] for line in md]
+    assert table[0] == ["Backbone", "Objective"] + [f"{d} {m}" for d, m in cols] and len(table) == 2 + len(rows)
+    for (bb, lab), line in zip(rows, table[2:]):
+        assert line[:2] == [rep.BACKBONE_NAMES[bb], lab]
+        for (d, m), text in zip(cols, line[2:]):
+            e = exp[(bb, lab, d, m)]
+            if e["mean"] is None:
+                assert text == "failed"
+                continue
+            want = f"{e['mean']:.4f}"
+            want = f"**{want}**" if e["best"] else want
+            want += f" ± {e['std']:.4f}" + (f" ({e['gain']:+.2f}%)" if e["gain"] is not None else "")
+            assert text == want
+
+    with (out / "table.csv").open() as f:
+        wide = list(csv.reader(f))
+    assert [r[2:] for r in wide[1:]] == [[x.replace("**", "") for x in r[2:]] for r in table[2:]]
+    with (out / "cells.csv").open() as f:
+        long = list(csv.DictReader(f))
+    assert len(long) == len(rows) * len(cols)
+    for r in long:
+        e = exp[(r["backbone"], r["objective"], r["dataset"], r["metric"])]
+        assert r["status"] == e["status"] and (e["mean"] is None or float(r["mean"]) == pytest.approx(e["mean"]))
+        assert (r["best"] == "True") == e["best"]
+
+    tex = (out / "table.tex").read_text()
+    body = [ln for ln in tex.splitlines() if ln.endswith(r"\\")]
+    assert tex.startswith(r"\begin{tabular}{ll" + "r" * len(cols) + "}") and tex.strip().endswith(r"\end{tabular}")
+    assert all(ln.count("&") == len(cols) + 1 for ln in body[1:])  # body[0] is the multicolumn dataset row
+    assert tex.count(r"\textbf{") == sum(e["best"] for e in exp.values()) and r"$\pm$" in tex and r"\%" in tex
+    assert tex.count(r"\midrule") == 2  # header rule + between the backbone blocks
+
+
+def test_plots_written_and_nonempty(grid):
+    _, out, summary = grid
+    pngs = [f for f in summary["files"] if f.endswith(".png")]
+    for ds, bb in BASE:
+        for kind in ("prefix_recall", "pruning_rate", "beam_width", "training_curves"):
+            assert f"{kind}_{ds}_{bb}.png" in pngs
+        if (ds, bb) != ("yelp", "llama"):
+            assert f"apao_weights_{ds}_{bb}_APAO-pointwise.png" in pngs
+        assert f"apao_weights_{ds}_{bb}_APAO-pairwise.png" in pngs
+    assert not any(f.startswith(("heatmap", "sensitivity")) for f in pngs)  # no sweeps in this grid
+    assert sorted(p.name for p in out.glob("*.png")) == sorted(pngs)
+    for name in pngs:
+        data = (out / name).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 1024
+
+
+def test_running_vs_failed_and_missing_cells(tmp_path):
+    write_run(tmp_path / "a", "beauty", "tiger", OBJECTIVES["ce"], 1, fake_metrics("beauty", "tiger", "ce", 1))
+    b = write_run(tmp_path / "b", "beauty", "tiger", OBJECTIVES["pairwise"], 1, None)  # just started
+    write_run(tmp_path / "c", "yelp", "tiger", OBJECTIVES["ce"], 1, fake_metrics("yelp", "tiger", "ce", 1))
+    s = rep.report([tmp_path], tmp_path / "out", ["recall@10"])
+    text = {(c["objective"], c["dataset"]): c["text"] for c in s["cells"]}
+    assert text == {("CE", "beauty"): f"**{value('beauty', 'tiger', 'ce', 1, 'recall@10'):.4f}**",
+                    ("CE", "yelp"): f"**{value('yelp', 'tiger', 'ce', 1, 'recall@10'):.4f}**",
+                    ("APAO-pairwise", "beauty"): "running", ("APAO-pairwise", "yelp"): "—"}
+    for p in b.rglob("*"):
+        os.utime(p, (OLD, OLD))
+    s = rep.report([tmp_path], tmp_path / "out2", ["recall@10"], stale_minutes=30)
+    assert {c["text"] for c in s["cells"] if c["objective"] == "APAO-pairwise"} == {"failed", "—"}
+
+
+def test_beta_eta_sweep_selects_on_validation_and_draws_heatmap(tmp_path, monkeypatch):
+    betas, etas = [0.1, 0.2, 0.4], [5e-6, 1e-4]
+    val = {(b, e): 0.02 + b * 0.01 + (0.005 if e == 1e-4 else 0.0) - (0.02 if b == 0.4 else 0.0)
+           for b in betas for e in etas}
+    test = {(b, e): 0.05 + b * 0.02 - e * 100 for b in betas for e in etas}  # val and test disagree on purpose
+    for (b, e) in val:
+        for seed in (1, 2):
+            m = {"test/recall@10": test[(b, e)] + seed * 1e-3, "test/ndcg@10": test[(b, e)] / 2,
+                 "val/ndcg@10": val[(b, e)] + seed * 1e-4, "history": []}
+            write_run(tmp_path / f"b{b}-e{e}-s{seed}", "beauty", "tiger", {**OBJECTIVES["pairwise"], "beta": b,
+                                                                           "eta": e}, seed, m)
+    write_run(tmp_path / "ce", "beauty", "tiger", OBJECTIVES["ce"], 1, {"test/recall@10": 0.05, "test/ndcg@10": 0.02,
+                                                                       "val/ndcg@10": 0.01, "history": []})
+    seen = []
+    real = rep.plots.heatmaps
+    monkeypatch.setattr(rep.plots, "heatmaps", lambda path, panels, *a: (seen.append((panels, *a)), real(path, panels, *a))[1])
+    s = rep.report([tmp_path], tmp_path / "out", ["recall@10", "ndcg@10"])
+
+    best = max(val, key=val.get)
+    assert best == (0.2, 1e-4)
+    sel = next(x for x in s["selected"] if x["objective"] == "APAO-pairwise")
+    assert (sel["objective_params"]["objective.beta"], sel["objective_params"]["objective.eta"]) == best
+    assert sel["variants"] == 6 and len(sel["runs"]) == 2
+    cell = next(c for c in s["cells"] if c["objective"] == "APAO-pairwise" and c["metric"] == "recall@10")
+    assert cell["mean"] == pytest.approx(test[best] + 1.5e-3)
+    assert cell["gain"] == pytest.approx((test[best] + 1.5e-3 - 0.05) / 0.05 * 100)
+
+    assert len(seen) == 1
+    panels, rows, cols, ylabel, xlabel, _ = seen[0]
+    assert (rows, cols, ylabel, xlabel) == (betas, etas, "beta", "eta")
+    name, g = panels[0]
+    assert name == "recall@10"
+    for i, b in enumerate(betas):
+        for j, e in enumerate(etas):
+            assert g[i][j] == pytest.approx(test[(b, e)] + 1.5e-3)
+    png = tmp_path / "out" / "heatmap_beauty_tiger_APAO-pairwise_betaxeta.png"
+    assert png.read_bytes()[:4] == b"\x89PNG" and png.stat().st_size > 1024
+
+
+def test_labels_variants_and_ablations():
+    assert rep.objective_label({"_target_": "genrec.objectives.sdpo.SDPO", "bear": True}) == "S-DPO+BEAR"
+    assert rep.objective_label({"_target_": "genrec.objectives.bear.BEAR", "form": "reweight"}) == "BEAR"
+    assert rep.objective_label({"_target_": "genrec.objectives.apao.APAO", "loss": "pairwise", "weights": "uniform",
+                                "bear": {"lam": 0.1}}) == "APAO-pairwise+BEAR (weights=uniform)"
+    assert rep.objective_label({"_target_": "genrec.objectives.msl.MSL"}) == "MSL"
+
+
+def test_end_to_end_multirun_then_report_cli(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    sweep = tmp_path / "sweep"
+    train = subprocess.run([sys.executable, "-m", "genrec.train", "-m", "experiment=tiny", "objective=ce,apao",
+                            "trainer.max_epochs=1", f"hydra.sweep.dir={sweep}", f"data_dir={tmp_path / 'data'}"],
+                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert train.returncode == 0, train.stderr[-2000:]
+    out = tmp_path / "report"
+    proc = subprocess.run([sys.executable, "-m", "genrec.report", f"runs=[{sweep}]", f"out={out}",
+                           "metrics=[recall@5,ndcg@5]"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    s = json.loads((out / "summary.json").read_text())
+    runs = {json.loads(p.read_text())["objective"]: json.loads(p.read_text()) for p in sweep.glob("*/metrics.json")}
+    cells = {(c["objective"], c["metric"]): c for c in s["cells"]}
+    for m in ("recall@5", "ndcg@5"):
+        ce, apao = runs["ce"][f"test/{m}"], runs["apao"][f"test/{m}"]
+        assert cells[("CE", m)]["mean"] == ce and cells[("APAO-pairwise", m)]["mean"] == apao
+        assert cells[("APAO-pairwise", m)]["gain"] == pytest.approx((apao / ce - 1) * 100)
+    assert {r["backbone"] for r in s["rows"]} == {"tiger_tiny"}
+    assert "prefix_recall_synthetic_tiger_tiny.png" in s["files"] and "| tiger_tiny | CE |" in proc.stdout
+    assert s["runs"] == {"ok": 2, "failed": 0, "running": 0}
