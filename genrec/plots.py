@@ -9,6 +9,7 @@ import math
 from pathlib import Path
 
 import matplotlib
+from matplotlib.ticker import MaxNLocator
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -16,10 +17,14 @@ import matplotlib.pyplot as plt  # noqa: E402
 Series = dict[str, tuple[list, list]]
 
 
-def _save(fig, path: Path, title: str) -> Path:
+def _save(fig, path: Path, title: str, tight: bool = False) -> Path:
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    if tight:  # an extra draw: only where colorbars make fixed margins awkward
+        fig.tight_layout()
+    else:  # margins in inches
+        w, h = fig.get_size_inches()
+        fig.subplots_adjust(left=0.75 / w, right=1 - 0.15 / w, bottom=0.55 / h, top=1 - 0.45 / h, wspace=0.35)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
 
@@ -32,6 +37,8 @@ def lines(path: Path, panels: list[tuple[str, Series]], xlabel: str, title: str,
             ax.plot(range(len(xs)) if categorical else xs, ys, marker="o", ms=3, label=label)
             if categorical:
                 ax.set_xticks(range(len(xs)), [f"{x:g}" if isinstance(x, float) else str(x) for x in xs])
+            elif all(isinstance(x, int) for x in xs):
+                ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
@@ -50,11 +57,12 @@ def heatmaps(path: Path, panels: list[tuple[str, list[list[float]]]], rows: list
         for i, row in enumerate(grid):
             for j, v in enumerate(row):
                 if not math.isnan(v):
-                    ax.text(j, i, f"{v:.4f}", ha="center", va="center", fontsize=7, color="w")
+                    ax.text(j, i, f"{v:.4f}", ha="center", va="center", fontsize=7,
+                            color="k" if im.norm(v) > 0.6 else "w")
         ax.set_xticks(range(len(cols)), [f"{c:g}" if isinstance(c, float) else str(c) for c in cols])
         ax.set_yticks(range(len(rows)), [f"{r:g}" if isinstance(r, float) else str(r) for r in rows])
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
         ax.set_title(name, fontsize=9)
         fig.colorbar(im, ax=ax, shrink=0.8)
-    return _save(fig, path, title)
+    return _save(fig, path, title, tight=True)

@@ -8,8 +8,8 @@ gain (%) of the mean over the `baseline` row of the same backbone and dataset, t
 column within each backbone in bold. Several configurations of one objective on one dataset and
 backbone (a β × η sweep) are reduced to the one with the best mean validation score (each run's
 `trainer.monitor`, or `select`), as the papers tune on validation; the sweep itself becomes a
-sensitivity plot. A run dir without metrics.json is a `failed` (or, if touched within
-`stale_minutes`, `running`) cell. Writes table.md, table.tex, table.csv (wide, as shown),
+sensitivity plot. A run dir without metrics.json is a `failed` cell if it has failed.json or was
+last touched more than `stale_minutes` ago, else `running`. Writes table.md, table.tex, table.csv (wide, as shown),
 cells.csv (long, numeric), summary.json and the PNGs for which data exists.
 """
 
@@ -24,6 +24,7 @@ import sys
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -35,7 +36,8 @@ from genrec import plots
 # Config keys that do not define the experiment (seeds are averaged, the rest is bookkeeping/hardware).
 IGNORED = ("seed", "run_dir", "resume", "data_dir", "tags", "logger", "hydra", "objective.ref_ckpt",
            "trainer.accelerator", "trainer.devices", "trainer.num_nodes", "trainer.strategy", "trainer.num_workers",
-           "trainer.progress_bar", "trainer.eval_batch_size", "embedder.device", "eval.full_rank", "eval.chunk")
+           "trainer.progress_bar", "trainer.eval_batch_size", "embedder.device", "eval.full_rank", "eval.chunk",
+           "dataset.root", "dataset.reader.root", "tokenizer.path")
 SKIP_DIRS = {".hydra", "checkpoints", "logs", "eval", "wandb", ".git", ".venv", "__pycache__", "data"}
 OBJECTIVE_NAMES = {"SDPO": "S-DPO"}
 BACKBONE_NAMES = {"tiger": "TIGER", "llama": "Llama"}
@@ -76,6 +78,7 @@ class Run:
     metrics: dict | None
     status: str  # ok | failed | running
     backbone: str  # the hydra choice name when known
+    error: str | None = None  # failed.json's message
     dataset: str = field(init=False)
     label: str = field(init=False)
     seed: int = field(init=False)
@@ -83,7 +86,7 @@ class Run:
     key: str = field(init=False)
 
     def __post_init__(self):
-        self.dataset = str(self.cfg["dataset"]["name"])
+        self.dataset = str(self.cfg["dataset"].get("name", "?"))
         self.label = objective_label(self.cfg["objective"])
         self.seed = self.cfg.get("seed", 0)
         self.flat = {k: v for k, v in flatten(self.cfg).items()
@@ -98,6 +101,7 @@ class Run:
         """Re-evaluations written by genrec.evaluate: eval/<split>-beam<K>[-full].json."""
         return [j for f in sorted((self.path / "eval").glob(f"{split}-beam*.json")) if (j := _read_json(f))]
 
+    @cached_property
     def log_rows(self) -> list[dict]:
         """logs/metrics.csv (Lightning CSVLogger) as dicts of floats, empty cells dropped."""
         f = self.path / "logs" / "metrics.csv"
@@ -130,19 +134,25 @@ def _choice(path: Path, group: str) -> str | None:
 
 def load_run(path: Path, stale_minutes: float = 30.0) -> Run | None:
     f = path / "config.yaml" if (path / "config.yaml").exists() else path / ".hydra" / "config.yaml"
-    cfg = OmegaConf.to_container(OmegaConf.load(f), resolve=False)
+    cfg = OmegaConf.load(f)
+    for k in ("run_dir", "logger", "hydra"):  # .hydra/config.yaml: interpolations only a Hydra app resolves
+        cfg.pop(k, None)
+    try:
+        cfg = OmegaConf.to_container(cfg, resolve=True)
+    except Exception:  # an interpolation this process cannot resolve: keep it as written
+        cfg = OmegaConf.to_container(cfg, resolve=False)
     if not isinstance(cfg, dict) or not all(isinstance(cfg.get(k), dict) for k in ("dataset", "backbone", "objective")):
         return None  # some other config.yaml
-    metrics = _read_json(path / "metrics.json")
-    if metrics is not None:
-        status = "ok"
+    metrics, failed = _read_json(path / "metrics.json"), _read_json(path / "failed.json")
+    if metrics is not None or failed is not None:  # train.py writes failed.json when a run raises
+        status = "ok" if metrics is not None else "failed"
     else:
         files = [p for d in (path, path / "logs", path / "checkpoints") if d.is_dir() for p in d.iterdir()]
         newest = max((p.stat().st_mtime for p in files), default=0.0)
         status = "running" if time.time() - newest < stale_minutes * 60 else "failed"
     backbone = ((metrics or {}).get("backbone") or _choice(path, "backbone")
                 or str(cfg["backbone"].get("_target_", "?")).rsplit(".", 1)[-1].lower())
-    return Run(path, cfg, metrics, status, backbone)
+    return Run(path, cfg, metrics, status, backbone, (failed or {}).get("error") if metrics is None else None)
 
 
 def load_runs(paths: Sequence[str | Path], stale_minutes: float = 30.0) -> list[Run]:
@@ -186,12 +196,22 @@ def group(runs: list[Run]) -> dict[tuple[str, str, str], list[Variant]]:
             for r in sorted((r for r in rs if r.status == "ok"), key=lambda r: (r.path / "metrics.json").stat().st_mtime):
                 ok[r.seed] = r
             pending = [r for r in rs if r.status != "ok" and r.seed not in ok]
-            out[cell].append(Variant(sorted(ok.values(), key=lambda r: str(r.seed)), pending, rs[0].flat))
+            out[cell].append(Variant(sorted(ok.values(), key=lambda r: _sortable(r.seed)), pending, rs[0].flat))
     return out
+
+
+def varying(variants: list[Variant]) -> list[str]:
+    """The config keys whose values differ between the variants."""
+    keys = sorted({k for v in variants for k in v.flat})
+    return [k for k in keys if len({json.dumps(v.flat.get(k), default=str) for v in variants}) > 1]
 
 
 def choose(variants: list[Variant], select: str | None) -> Variant:
     return max(variants, key=lambda v: (bool(v.runs), v.score(select)))
+
+
+def _sortable(x) -> tuple:
+    return (0, x, "") if isinstance(x, (int, float)) and not isinstance(x, bool) else (1, 0, str(x))
 
 
 def _order(label: str) -> tuple:
@@ -210,7 +230,7 @@ def table(chosen: dict[tuple, Variant], metrics: list[str], split: str, baseline
             vals = v.values(f"{split}/{m}") if v else []
             c = {"backbone": b, "objective": lab, "dataset": d, "metric": m, "mean": None, "std": None, "n": len(vals),
                  "gain": None, "best": False, "seeds": [r.seed for r in v.runs if f"{split}/{m}" in r.metrics] if v else [],
-                 "failed": [str(r.path) for r in v.pending] if v else []}
+                 "failed": [str(r.path) for r in v.pending if r.status == "failed"] if v else []}
             if vals:
                 c.update(status="ok", mean=statistics.fmean(vals), std=statistics.stdev(vals) if len(vals) > 1 else None)
             elif v and not v.runs and v.pending:
@@ -290,109 +310,99 @@ def _numbered(d: dict, prefix: str) -> dict[int, float]:
     return {int(k[len(prefix):]): v for k, v in d.items() if k.startswith(prefix) and k[len(prefix):].isdigit()}
 
 
-def _sortable(x) -> tuple:
-    return (0, x, "") if isinstance(x, (int, float)) and not isinstance(x, bool) else (1, 0, str(x))
+def _png(out: Path, *parts) -> Path:
+    return out / (re.sub(r"[^A-Za-z0-9.+=-]+", "_", "_".join(map(str, parts))) + ".png")
 
 
-def write_plots(out: Path, groups: dict, chosen: dict, metrics: list[str], split: str,
-                select: str | None) -> tuple[list[Path], list[str]]:
-    files, notes = [], []
-    fname = lambda *p: out / (re.sub(r"[^A-Za-z0-9.+=-]+", "_", "_".join(map(str, p))) + ".png")  # noqa: E731
-    pairs = sorted({(d, b) for d, b, _ in chosen})
-    for d, b in pairs:
-        here = {lab: v for (dd, bb, lab), v in chosen.items() if (dd, bb) == (d, b) and v.runs}
-        labels = sorted(here, key=_order)
-        title = f"{d} · {BACKBONE_NAMES.get(b, b)}"
+def diagnostic_plots(out: Path, d: str, b: str, here: dict[str, Variant], metrics: list[str], split: str) -> list[Path]:
+    """Per dataset and backbone, one line per objective (its selected config, mean over seeds): prefix recall,
+    pruning rate, metrics vs beam width, training curves; per APAO objective its weights over training."""
+    files, title = [], f"{d} · {BACKBONE_NAMES.get(b, b)}"
+    labels = sorted(here, key=_order)
 
-        pr = {lab: _mean_by_x([_numbered(r.metrics, f"{split}/prefix_recall@") for r in here[lab].runs]) for lab in labels}
-        if pr := {k: v for k, v in pr.items() if v[0]}:
-            files.append(plots.lines(fname("prefix_recall", d, b), [("prefix recall", pr)], "step m", title))
+    def per_label(points: Callable[[Run], dict]) -> dict[str, tuple[list, list]]:
+        s = {lab: _mean_by_x([points(r) for r in here[lab].runs]) for lab in labels}
+        return {k: v for k, v in s.items() if v[0]}
 
-        def pruning(r: Run) -> dict:
-            own = _numbered(r.metrics, f"{split}/pruning_rate@")
-            full = [e for e in r.evals(split) if e.get("full_rank") and e.get("beam") == r.cfg["eval"].get("beam")]
-            return own or (_numbered(full[0], f"{split}/pruning_rate@") if full else {})
-        pru = {lab: _mean_by_x([pruning(r) for r in here[lab].runs]) for lab in labels}
-        if pru := {k: v for k, v in pru.items() if v[0]}:
-            files.append(plots.lines(fname("pruning_rate", d, b), [("pruning rate PR@k", pru)], "k", title))
+    if pr := per_label(lambda r: _numbered(r.metrics, f"{split}/prefix_recall@")):
+        files.append(plots.lines(_png(out, "prefix_recall", d, b), [("prefix recall", pr)], "step m", title))
 
-        def by_beam(r: Run, key: str) -> dict:
-            pts = {e["beam"]: e[key] for e in r.evals(split) if key in e and "beam" in e}
-            if key in r.metrics:
-                pts[r.cfg["eval"].get("beam")] = r.metrics[key]
-            return pts
+    def pruning(r: Run) -> dict:
+        full = [e for e in r.evals(split) if e.get("full_rank") and e.get("beam") == r.cfg["eval"].get("beam")]
+        return _numbered(r.metrics, f"{split}/pruning_rate@") or (_numbered(full[0], f"{split}/pruning_rate@")
+                                                                   if full else {})
+    if pru := per_label(pruning):
+        files.append(plots.lines(_png(out, "pruning_rate", d, b), [("pruning rate PR@k", pru)], "k", title))
+
+    def by_beam(r: Run, key: str) -> dict:
+        pts = {e["beam"]: e[key] for e in r.evals(split) if key in e and "beam" in e}
+        return {**pts, r.cfg["eval"].get("beam"): r.metrics[key]} if key in r.metrics else pts
+    panels = [(m, per_label(lambda r, k=f"{split}/{m}": by_beam(r, k))) for m in metrics]
+    if panels := [(m, s) for m, s in panels if any(len(xs) > 1 for xs, _ in s.values())]:
+        files.append(plots.lines(_png(out, "beam_width", d, b), panels, "beam width", title))
+
+    def train_loss(r: Run) -> dict:
+        acc = defaultdict(list)
+        for row in r.log_rows:
+            if "train/loss" in row and "epoch" in row:
+                acc[int(row["epoch"])].append(row["train/loss"])
+        return {e: statistics.fmean(v) for e, v in acc.items()}
+    monitor = here[labels[0]].runs[0].monitor.split("/", 1)[-1] if labels else "ndcg@10"
+    curves = [("train loss", per_label(train_loss))] + [
+        (f"val {key}", per_label(lambda r, k=key: {h["epoch"]: h[k] for h in r.metrics.get("history", []) if k in h}))
+        for key in ("loss", monitor)]
+    if curves := [c for c in curves if c[1]]:
+        files.append(plots.lines(_png(out, "training_curves", d, b), curves, "epoch", title))
+
+    for lab in labels:
         panels = []
-        for m in metrics:
-            s = {lab: _mean_by_x([by_beam(r, f"{split}/{m}") for r in here[lab].runs]) for lab in labels}
-            if any(len(xs) > 1 for xs, _ in s.values()):
-                panels.append((m, {k: v for k, v in s.items() if v[0]}))
+        for name, prefix in (("APAO weight w_m", "train/apao/w"), ("prefix loss L_m", "train/apao/L")):
+            per_m = defaultdict(list)  # m -> one {step: value} per run
+            for r in here[lab].runs:
+                steps = defaultdict(dict)
+                for row in r.log_rows:
+                    for m, v in _numbered(row, prefix).items():
+                        steps[m][row["step"]] = v
+                for m, pts in steps.items():
+                    per_m[m].append(pts)
+            if per_m:
+                panels.append((name, {f"m={m}": _mean_by_x(per_m[m]) for m in sorted(per_m)}))
         if panels:
-            files.append(plots.lines(fname("beam_width", d, b), panels, "beam width", title))
+            files.append(plots.lines(_png(out, "apao_weights", d, b, lab), panels, "step", f"{title} · {lab}"))
+    return files
 
-        logs = {lab: [r.log_rows() for r in here[lab].runs] for lab in labels}
-        monitor = here[labels[0]].runs[0].monitor.split("/", 1)[-1] if labels else "ndcg@10"
-        train = {}
-        for lab in labels:
-            per_run = []
-            for rows in logs[lab]:
-                acc = defaultdict(list)
-                for row in rows:
-                    if "train/loss" in row and "epoch" in row:
-                        acc[int(row["epoch"])].append(row["train/loss"])
-                per_run.append({e: statistics.fmean(v) for e, v in acc.items()})
-            train[lab] = _mean_by_x(per_run)
-        curves = [("train loss", {k: v for k, v in train.items() if v[0]})]
-        for key in ("loss", monitor):
-            s = {lab: _mean_by_x([{h["epoch"]: h[key] for h in r.metrics.get("history", []) if key in h}
-                                  for r in here[lab].runs]) for lab in labels}
-            curves.append((f"val {key}", {k: v for k, v in s.items() if v[0]}))
-        if curves := [c for c in curves if c[1]]:
-            files.append(plots.lines(fname("training_curves", d, b), curves, "epoch", title))
 
-        for lab in labels:
-            panels = []
-            for name, prefix in (("APAO weight w_m", "train/apao/w"), ("prefix loss L_m", "train/apao/L")):
-                per_m = defaultdict(list)
-                for rows in logs[lab]:
-                    steps = defaultdict(dict)
-                    for row in rows:
-                        for m, v in _numbered(row, prefix).items():
-                            steps[m][row["step"]] = v
-                    for m, pts in steps.items():
-                        per_m[m].append(pts)
-                if per_m:
-                    panels.append((name, {f"m={m}": _mean_by_x(per_m[m]) for m in sorted(per_m)}))
-            if panels:
-                files.append(plots.lines(fname("apao_weights", d, b, lab), panels, "step", f"{title} · {lab}"))
-
+def sensitivity_plots(out: Path, groups: dict, metrics: list[str], split: str) -> tuple[list[Path], list[str]]:
+    """Configs of one objective that differ in one objective parameter: a line plot; in two: a heatmap
+    (β × η for APAO, λ × ξ for BEAR); value = the mean over seeds on `split`."""
+    files, notes = [], []
     for (d, b, lab), variants in sorted(groups.items()):
         variants = [v for v in variants if v.runs]
         if len(variants) < 2:
             continue
-        keys = sorted({k for v in variants for k in v.flat})
-        vary = [k for k in keys if len({json.dumps(v.flat.get(k), default=str) for v in variants}) > 1]
-        params = [k[len("objective."):] for k in vary]
+        vary = varying(variants)
         if not vary or len(vary) > 2 or not all(k.startswith("objective.") for k in vary):
             notes.append(f"no sensitivity plot for {d}/{b}/{lab}: the runs differ in {', '.join(vary)}")
             continue
+        params = [k[len("objective."):] for k in vary]
         title = f"{d} · {BACKBONE_NAMES.get(b, b)} · {lab} ({split})"
+        shown = [m for m in metrics if any(v.values(f"{split}/{m}") for v in variants)]
         if len(params) == 1:
             p = params[0]
             vs = sorted(variants, key=lambda v: _sortable(v.flat[f"objective.{p}"]))
             xs = [v.flat[f"objective.{p}"] for v in vs]
-            panels = [(m, {lab: (xs, [v.mean(f"{split}/{m}") for v in vs])}) for m in metrics
-                      if any(v.values(f"{split}/{m}") for v in vs)]
+            panels = [(m, {lab: (xs, [v.mean(f"{split}/{m}") for v in vs])}) for m in shown]
             if panels:
-                files.append(plots.lines(fname("sensitivity", d, b, lab, p), panels, p, title, categorical=True))
+                files.append(plots.lines(_png(out, "sensitivity", d, b, lab, p), panels, p, title, categorical=True))
             continue
         rp, cp = next(((r, c) for r, c in AXES if {r, c} == set(params)), params)
         rv = sorted({v.flat[f"objective.{rp}"] for v in variants}, key=_sortable)
         cv = sorted({v.flat[f"objective.{cp}"] for v in variants}, key=_sortable)
         at = {(v.flat[f"objective.{rp}"], v.flat[f"objective.{cp}"]): v for v in variants}
         panels = [(m, [[at[(x, y)].mean(f"{split}/{m}") if (x, y) in at else math.nan for y in cv] for x in rv])
-                  for m in metrics if any(v.values(f"{split}/{m}") for v in variants)]
+                  for m in shown]
         if panels:
-            files.append(plots.heatmaps(fname("heatmap", d, b, lab, f"{rp}x{cp}"), panels, rv, cv, rp, cp, title))
+            files.append(plots.heatmaps(_png(out, "heatmap", d, b, lab, f"{rp}x{cp}"), panels, rv, cv, rp, cp, title))
     return files, notes
 
 
@@ -409,7 +419,18 @@ def report(runs: Sequence[str | Path], out: str | Path, metrics: Sequence[str] =
     chosen = {k: choose(v, select) for k, v in groups.items()}
     rows, cols, cells = table(chosen, metrics, split, baseline)
     files = write_tables(out, rows, cols, cells)
-    pngs, notes = write_plots(out, groups, chosen, metrics, split, select)
+    pngs = [p for d, b in sorted({(d, b) for d, b, _ in chosen})
+            for p in diagnostic_plots(out, d, b, {lab: v for (dd, bb, lab), v in chosen.items()
+                                                  if (dd, bb) == (d, b) and v.runs}, metrics, split)]
+    more, notes = sensitivity_plots(out, groups, metrics, split)
+    pngs += more
+    for (d, b, lab), v in sorted(chosen.items()):
+        notes += [f"{r.status}: {d}/{b}/{lab} seed {r.seed}: {r.path}" + (f" ({r.error})" if r.error else "")
+                  for r in v.pending]
+        tried = [x for x in groups[(d, b, lab)] if x.runs]
+        if len(tried) > 1 and v.runs:
+            picked = ", ".join(f"{k}={v.flat.get(k)}" for k in varying(tried))
+            notes.append(f"{d}/{b}/{lab}: best of {len(tried)} configs on {select or v.runs[0].monitor}: {picked}")
     summary = {
         "split": split, "metrics": metrics, "baseline": baseline,
         "runs": {s: sum(r.status == s for r in found) for s in ("ok", "failed", "running")},

@@ -34,11 +34,11 @@ def value(ds: str, bb: str, obj: str, seed: int, metric: str) -> float:
 
 
 def write_run(path: Path, ds: str, bb: str, objective: dict, seed: int, metrics: dict | None, old: bool = False,
-              logs: list[dict] | None = None, evals: dict[int, dict] | None = None) -> Path:
+              logs: list[dict] | None = None, evals: dict[int, dict] | None = None, extra: dict | None = None) -> Path:
     path.mkdir(parents=True)
     cfg = {"dataset": {"name": ds}, "backbone": {"_target_": f"genrec.models.{bb}.{bb.title()}", "d_model": 8},
            "objective": objective, "eval": {"beam": 20, "ks": [5, 10, 20]},
-           "trainer": {"monitor": "val/ndcg@10", "devices": 1}, "seed": seed, "run_dir": str(path)}
+           "trainer": {"monitor": "val/ndcg@10", "devices": 1}, "seed": seed, "run_dir": str(path), **(extra or {})}
     (path / "config.yaml").write_text(yaml.safe_dump(cfg))
     if metrics is not None:
         (path / "metrics.json").write_text(json.dumps({**metrics, "backbone": bb, "dataset": ds, "seed": seed}))
@@ -204,6 +204,14 @@ def test_running_vs_failed_and_missing_cells(tmp_path):
         os.utime(p, (OLD, OLD))
     s = rep.report([tmp_path], tmp_path / "out2", ["recall@10"], stale_minutes=30)
     assert {c["text"] for c in s["cells"] if c["objective"] == "APAO-pairwise"} == {"failed", "—"}
+    # train.py's failed.json marks a fresh run dir failed at once, with its error in the notes
+    d = write_run(tmp_path / "d", "yelp", "tiger", OBJECTIVES["pointwise"], 3, None)
+    (d / "failed.json").write_text(json.dumps({"error": "NonFiniteLoss: non-finite loss at epoch 0"}))
+    s = rep.report([tmp_path], tmp_path / "out3", ["recall@10"])
+    cell = next(c for c in s["cells"] if (c["objective"], c["dataset"]) == ("APAO-pointwise", "yelp"))
+    assert cell["text"] == "failed" and cell["failed"] == [str(d.resolve())]
+    assert f"failed: yelp/tiger/APAO-pointwise seed 3: {d.resolve()} (NonFiniteLoss: non-finite loss at epoch 0)" \
+        in s["notes"]
 
 
 def test_beta_eta_sweep_selects_on_validation_and_draws_heatmap(tmp_path, monkeypatch):
@@ -219,6 +227,13 @@ def test_beta_eta_sweep_selects_on_validation_and_draws_heatmap(tmp_path, monkey
                                                                            "eta": e}, seed, m)
     write_run(tmp_path / "ce", "beauty", "tiger", OBJECTIVES["ce"], 1, {"test/recall@10": 0.05, "test/ndcg@10": 0.02,
                                                                        "val/ndcg@10": 0.01, "history": []})
+    bear = {"_target_": "genrec.objectives.bear.BEAR", "form": "reweight", "xi": 2.75}
+    for lam in (0.5, 0.1, 0.25):  # a one-parameter sweep: a line plot
+        write_run(tmp_path / f"bear{lam}", "beauty", "tiger", {**bear, "lam": lam}, 1,
+                  {"test/recall@10": lam, "val/ndcg@10": -abs(lam - 0.25), "history": []})
+    for lr in (1e-3, 2e-3):  # configs differing outside the objective: no sensitivity plot, a note
+        write_run(tmp_path / f"msl{lr}", "beauty", "tiger", {"_target_": "genrec.objectives.msl.MSL"}, 1,
+                  {"test/recall@10": lr, "val/ndcg@10": lr, "history": []}, extra={"optim": {"lr": lr}})
     seen = []
     real = rep.plots.heatmaps
     monkeypatch.setattr(rep.plots, "heatmaps", lambda path, panels, *a: (seen.append((panels, *a)), real(path, panels, *a))[1])
@@ -229,6 +244,8 @@ def test_beta_eta_sweep_selects_on_validation_and_draws_heatmap(tmp_path, monkey
     sel = next(x for x in s["selected"] if x["objective"] == "APAO-pairwise")
     assert (sel["objective_params"]["objective.beta"], sel["objective_params"]["objective.eta"]) == best
     assert sel["variants"] == 6 and len(sel["runs"]) == 2
+    assert "beauty/tiger/APAO-pairwise: best of 6 configs on val/ndcg@10: objective.beta=0.2, objective.eta=0.0001" \
+        in s["notes"]
     cell = next(c for c in s["cells"] if c["objective"] == "APAO-pairwise" and c["metric"] == "recall@10")
     assert cell["mean"] == pytest.approx(test[best] + 1.5e-3)
     assert cell["gain"] == pytest.approx((test[best] + 1.5e-3 - 0.05) / 0.05 * 100)
@@ -241,8 +258,14 @@ def test_beta_eta_sweep_selects_on_validation_and_draws_heatmap(tmp_path, monkey
     for i, b in enumerate(betas):
         for j, e in enumerate(etas):
             assert g[i][j] == pytest.approx(test[(b, e)] + 1.5e-3)
-    png = tmp_path / "out" / "heatmap_beauty_tiger_APAO-pairwise_betaxeta.png"
-    assert png.read_bytes()[:4] == b"\x89PNG" and png.stat().st_size > 1024
+    for name in ("heatmap_beauty_tiger_APAO-pairwise_betaxeta.png", "sensitivity_beauty_tiger_BEAR_lam.png"):
+        png = tmp_path / "out" / name
+        assert name in s["files"] and png.read_bytes()[:4] == b"\x89PNG" and png.stat().st_size > 1024
+    assert sum(f.startswith(("heatmap", "sensitivity")) for f in s["files"]) == 2
+    assert "no sensitivity plot for beauty/tiger/MSL: the runs differ in optim.lr" in s["notes"]
+    cells = {(c["objective"], c["metric"]): c for c in s["cells"]}
+    assert cells[("BEAR", "recall@10")]["mean"] == 0.25 and cells[("MSL", "recall@10")]["mean"] == 2e-3
+    assert cells[("BEAR", "ndcg@10")]["text"] == "—"
 
 
 def test_labels_variants_and_ablations():
@@ -253,16 +276,23 @@ def test_labels_variants_and_ablations():
     assert rep.objective_label({"_target_": "genrec.objectives.msl.MSL"}) == "MSL"
 
 
-def test_end_to_end_multirun_then_report_cli(tmp_path):
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+def test_real_runs_then_report_cli(tmp_path):
+    """Two real tiny training runs (CE, APAO) through genrec.train.run, then `python -m genrec.report`."""
+    from hydra import compose, initialize_config_dir
+
+    from genrec.train import run
+
     sweep = tmp_path / "sweep"
-    train = subprocess.run([sys.executable, "-m", "genrec.train", "-m", "experiment=tiny", "objective=ce,apao",
-                            "trainer.max_epochs=1", f"hydra.sweep.dir={sweep}", f"data_dir={tmp_path / 'data'}"],
-                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert train.returncode == 0, train.stderr[-2000:]
+    for i, obj in enumerate(["ce", "apao"]):
+        with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+            cfg = compose("config", overrides=["experiment=tiny", f"objective={obj}", "trainer.max_epochs=1",
+                                               "trainer.limit_train_batches=10",
+                                               f"run_dir={sweep}/{i}_{obj}", f"data_dir={tmp_path / 'data'}"])
+        run(cfg)
     out = tmp_path / "report"
     proc = subprocess.run([sys.executable, "-m", "genrec.report", f"runs=[{sweep}]", f"out={out}",
-                           "metrics=[recall@5,ndcg@5]"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+                           "metrics=[recall@5,ndcg@5]"], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-2000:]
     s = json.loads((out / "summary.json").read_text())
     runs = {json.loads(p.read_text())["objective"]: json.loads(p.read_text()) for p in sweep.glob("*/metrics.json")}
@@ -271,6 +301,10 @@ def test_end_to_end_multirun_then_report_cli(tmp_path):
         ce, apao = runs["ce"][f"test/{m}"], runs["apao"][f"test/{m}"]
         assert cells[("CE", m)]["mean"] == ce and cells[("APAO-pairwise", m)]["mean"] == apao
         assert cells[("APAO-pairwise", m)]["gain"] == pytest.approx((apao / ce - 1) * 100)
-    assert {r["backbone"] for r in s["rows"]} == {"tiger_tiny"}
-    assert "prefix_recall_synthetic_tiger_tiny.png" in s["files"] and "| tiger_tiny | CE |" in proc.stdout
-    assert s["runs"] == {"ok": 2, "failed": 0, "running": 0}
+    assert s["runs"] == {"ok": 2, "failed": 0, "running": 0} and [r["backbone"] for r in s["rows"]] == ["tiger"] * 2
+    assert {"prefix_recall_synthetic_tiger.png", "training_curves_synthetic_tiger.png",
+            "apao_weights_synthetic_tiger_APAO-pairwise.png"} <= set(s["files"])
+    assert "| TIGER | CE |" in proc.stdout and (out / "table.tex").exists()
+    bad = subprocess.run([sys.executable, "-m", "genrec.report", f"runs=[{tmp_path / 'nothing'}]",
+                          f"out={tmp_path / 'empty'}"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "no run dirs" in bad.stderr
