@@ -32,7 +32,8 @@ def hf_logits(model: Backbone, history, mask, prefix) -> torch.Tensor:
     """The wrapped HF model's own forward: logits [B, m + 1, V] after each prefix [B, m] token."""
     if hasattr(model.hf, "encoder"):  # T5
         bos = torch.full((len(prefix), 1), BOS)
-        return model.hf(input_ids=history, attention_mask=mask.long(), decoder_input_ids=torch.cat([bos, prefix], 1)).logits
+        dec = torch.cat([bos, prefix], 1)
+        return model.hf(input_ids=history, attention_mask=mask.long(), decoder_input_ids=dec).logits
     am = torch.cat([mask, torch.ones_like(prefix, dtype=torch.bool)], 1).long()
     pos = (am.cumsum(-1) - 1).masked_fill(am == 0, 1)
     out = model.hf(input_ids=torch.cat([history, prefix], 1), attention_mask=am, position_ids=pos).logits
@@ -67,7 +68,8 @@ def test_target_logits_and_default_size(name):
     for model in (make(name), make(name, tiny=False)):
         out = model.target_logits(b["history"], b["mask"], b["target"])
         assert out.shape == (5, 3, V)
-        torch.testing.assert_close(out, hf_logits(model, b["history"], b["mask"], b["target"][:, :-1]), atol=1e-5, rtol=0)
+        ref = hf_logits(model, b["history"], b["mask"], b["target"][:, :-1])
+        torch.testing.assert_close(out, ref, atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("name", NAMES)

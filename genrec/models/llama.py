@@ -74,8 +74,7 @@ class Llama(Backbone):
             eos_token_id=EOS,
         )
         self.hf = LlamaForCausalLM(config)
-        self.n_heads, self.n_rep = num_heads, num_heads // num_kv_heads
-        self.head_dim = config.head_dim
+        self.n_rep, self.head_dim = num_heads // num_kv_heads, config.head_dim
 
     def _heads(self, x: Tensor) -> Tensor:
         """[..., S, h * d] -> [..., h, S, d]."""
@@ -100,7 +99,9 @@ class Llama(Backbone):
         yh = a[..., :L].transpose(1, 2).reshape(B, H, N * S, L) @ hv  # [B, H, N * S, d]
         return yh.view(B, H, N, S, d).transpose(1, 2) + a[..., L:] @ v
 
-    def _forward(self, tokens: Tensor, pos: Tensor, own_mask, enc: LlamaEncoding | None, past: KV | None):
+    def _forward(
+        self, tokens: Tensor, pos: Tensor, own_mask: Tensor | None, enc: LlamaEncoding | None, past: KV | None
+    ) -> tuple[Tensor, KV]:
         """Final hidden states [B, N, S, D] of S new tokens per row (position ids `pos` [B, N, S])
         after each row's cached `past` tokens and the shared history `enc`; and the new cache."""
         model = self.hf.model
