@@ -67,3 +67,15 @@ def test_summarize_keys_and_values():
     assert out["pruning_rate@5"] == 1 / 3 and out["pruning_rate@10"] == 1 / 5
     assert out["prefix_recall@1"] == 4 / 5 and out["prefix_recall@2"] == 3 / 5
     assert "full/recall@5" not in Evaluator(ks=(5,)).summarize({k: v for k, v in rows.items() if k != "full_rank"})
+
+
+def test_eval_configs_instantiate():
+    from pathlib import Path
+
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    conf = Path(__file__).parents[1] / "conf" / "eval"
+    beam, bear = (instantiate(OmegaConf.load(conf / f"{n}.yaml")) for n in ("beam", "bear"))
+    assert isinstance(beam, Evaluator) and (beam.beam, beam.ks) == (20, [5, 10, 20])
+    assert (bear.beam, bear.ks) == (10, [5, 10])

@@ -8,7 +8,8 @@ continuations and no beam is ever empty.
 
 Ties are broken by a stable descending sort over the flattened (beam, code) grid: among
 equal scores the lower beam index (= the better-ranked parent) wins, then the lower token
-id. The result is deterministic and the same on every device.
+id. The result is deterministic and the same on every device. (Assumes finite logits on
+the tokens the trie allows, as any network gives.) Only the T steps loop in Python.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ def level_logprobs(logits: torch.Tensor, trie: Trie, m: int) -> torch.Tensor:
 
 @torch.no_grad()
 def beam_search(backbone: Backbone, enc: Any, trie: Trie, beam: int) -> BeamResult:
+    """The top-`beam` candidates of each user under trie-constrained beam search; with
+    beam >= C it is the exact full ranking."""
     B = enc.mask.shape[0]
     device = enc.mask.device
     pid = torch.zeros(B, 1, dtype=torch.long, device=device)  # level-m prefix id of each beam
