@@ -60,6 +60,11 @@ def epoch_batches(dm: SeqDataModule, n: int, bucketed: bool = True) -> list[dict
     return [ds[batches[i].tolist()] for i in np.sort(pick)]
 
 
+def head(batch: dict, n: int) -> dict:
+    """The first n examples of a batch (a cheap warm-up step)."""
+    return {k: v[:n] for k, v in batch.items()}
+
+
 class TrainStep:
     """forward (objective) + backward + gradient clipping + AdamW + scheduler, as `genrec.train`
     runs them (without Lightning's loop and logging)."""

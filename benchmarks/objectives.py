@@ -29,7 +29,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import TrainStep, epoch_batches, load_average, office, peak_rss_gb, timed  # noqa: E402
+from common import TrainStep, epoch_batches, head, load_average, office, peak_rss_gb, timed  # noqa: E402
 
 OBJECTIVES = {
     "ce": ["objective=ce"],
@@ -55,7 +55,7 @@ def child(args) -> None:
     batches = epoch_batches(dm, args.batches)
     train = TrainStep(cfg, data, dm)
     rss_before = peak_rss_gb()
-    train.step(batches[len(batches) // 2])  # warm-up
+    train.step(head(batches[-1], 16))  # warm-up
     times = [timed(train.step, b) for b in batches]
     out = {"wall": sum(t[0] for t in times), "cpu": sum(t[1] for t in times),
            "examples": sum(len(b["index"]) for b in batches), "peak_rss_gb": peak_rss_gb(), "rss_before_gb": rss_before,

@@ -120,7 +120,8 @@ def run(cfg: DictConfig, objective_name: str | None = None) -> dict:
         gradient_clip_val=t.gradient_clip, callbacks=[ckpt, stop], logger=instantiate(cfg.logger),
         deterministic=t.deterministic, use_distributed_sampler=False, num_sanity_val_steps=0,
         check_val_every_n_epoch=t.check_val_every_n_epoch, limit_train_batches=t.limit_train_batches,
-        limit_val_batches=t.limit_val_batches, enable_progress_bar=t.progress_bar, default_root_dir=run_dir,
+        limit_val_batches=t.limit_val_batches,
+        limit_test_batches=t.limit_test_batches, enable_progress_bar=t.progress_bar, default_root_dir=run_dir,
         enable_model_summary=False, log_every_n_steps=t.log_every_n_steps,
     )
     if trainer.is_global_zero:
