@@ -41,7 +41,7 @@ from genrec.eval.fullrank import full_scores  # noqa: E402
 from genrec.eval.trie import Trie  # noqa: E402
 from genrec.models.base import BOS, EOS, PAD  # noqa: E402
 
-DATA = Path("/work/shared/data/apao-office")
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "apao-office"
 HIST = 20
 
 

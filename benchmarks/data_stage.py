@@ -5,7 +5,7 @@ embedder MiniLM, RQ-K-means 3 x 256) twice in subprocesses against one fresh tem
 `data_dir`, timing each command's wall clock (interpreter start-up and imports included).
 Targets: cold <= 60 s, warm <= 3 s on 2 CPU cores. The last line printed is one JSON object.
 
-  python benchmarks/data_stage.py [--root /work/shared/data/apao-office] [--name Office] [override ...]
+  python benchmarks/data_stage.py [--root ../shared/data/apao-office] [--name Office] [override ...]
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def run(overrides: list[str], cwd: Path) -> tuple[float, dict]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--root", default="/work/shared/data/apao-office")
+    ap.add_argument("--root", default=str(Path(__file__).resolve().parents[2] / "shared" / "data" / "apao-office"))
     ap.add_argument("--name", default="Office")
     ap.add_argument("overrides", nargs="*", help="extra Hydra overrides, e.g. tokenizer.iters=10")
     args = ap.parse_args()

@@ -4,17 +4,18 @@ Every objective trains (forward + backward + clipping + AdamW, as `genrec.train`
 same `--batches` real Office training batches (epoch 0 of the seeded length-bucketed loader,
 picked at evenly spaced quantiles of their width so that they cost what the epoch costs per
 example), each objective in its own process so that its peak RSS (ru_maxrss) is its own. The
-processes run in `--rounds` rounds, the order rotated each round, and each objective's fastest
-round counts (the cores may be shared). Ratios use process CPU time (on `--threads 1` that is the
-compute itself, which other processes on the cores inflate least); wall-clock ratios are
-reported too. The CE process also times one encoder forward per batch: the floor of any
-objective. S-DPO's reference is a frozen copy of the initial backbone (ref_ckpt=null).
+cores may be shared, so a process repeats its batches for `--min-seconds` (each batch's fastest
+pass counts), and `--rounds` > 1 reruns every process, the order rotated, the fastest counting.
+Ratios use process CPU time (with the default `--threads 1` that is the compute itself, which
+other processes on the cores inflate least); wall-clock ratios are reported too. The CE process
+also times one encoder forward per batch: the floor of any objective. S-DPO's reference is a
+frozen copy of the initial backbone (ref_ckpt=null).
 
 Targets: apao-pointwise <= 1.05x CE, bear <= 1.1x CE, apao-pairwise <= 0.8x sdpo (same N) and
 <= 12x CE; apao-pairwise (N=100, batch 128) peak RSS <= 4 GB. The last line printed is one JSON
 object: {"ratio": {objective: CPU-time ratio over CE}, "peak_rss_gb": {...}, ...}.
 
-  python benchmarks/objectives.py [--batches 4] [--batch-size 128] [--objectives ce msl ...]
+  python benchmarks/objectives.py [--batches 3] [--batch-size 128] [--objectives ce msl ...]
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import TrainStep, epoch_batches, head, load_average, office, peak_rss_gb, timed  # noqa: E402
+from common import TrainStep, best_times, epoch_batches, head, load_average, office, peak_rss_gb  # noqa: E402
 
 OBJECTIVES = {
     "ce": ["objective=ce"],
@@ -48,7 +49,7 @@ TARGETS = {  # (objective, bound, reference)
 
 
 def child(args) -> None:
-    """One objective: warm-up, then the timed batches; prints one JSON line."""
+    """One objective: a warm-up step, then the timed batches; prints one JSON line."""
     torch.set_num_threads(args.threads)
     overrides = [o.format(N=args.negatives) for o in OBJECTIVES[args.child]]
     cfg, data, dm = office(["backbone=tiger", *overrides], args.batch_size)
@@ -56,23 +57,22 @@ def child(args) -> None:
     train = TrainStep(cfg, data, dm)
     rss_before = peak_rss_gb()
     train.step(head(batches[-1], 16))  # warm-up
-    times = [timed(train.step, b) for b in batches]
-    out = {"wall": sum(t[0] for t in times), "cpu": sum(t[1] for t in times),
-           "examples": sum(len(b["index"]) for b in batches), "peak_rss_gb": peak_rss_gb(), "rss_before_gb": rss_before,
-           "per_batch_cpu": [round(t[1], 3) for t in times]}
-    if args.child == "ce":  # the floor: one encoder forward (training mode, graph kept) per batch
-        enc = train.module.backbone.encode
-        floor = [timed(enc, b["history"], b["mask"]) for b in batches]
-        out.update(floor_wall=sum(t[0] for t in floor), floor_cpu=sum(t[1] for t in floor))
-        B, N, T = args.batch_size, args.negatives, data.sids.num_levels
+    wall, cpu, passes = best_times(train.step, batches, args.min_seconds)
+    out = {"wall": wall, "cpu": cpu, "passes": passes, "examples": sum(len(b["index"]) for b in batches),
+           "peak_rss_gb": peak_rss_gb(), "rss_before_gb": rss_before}
+    if args.child == "ce":  # the floor: one encoder forward per batch (training mode, graph kept)
+        backbone = train.module.backbone
+        out["floor_wall"], out["floor_cpu"], _ = best_times(lambda b: backbone.encode(b["history"], b["mask"]),
+                                                            batches, args.min_seconds / 3)
         out["encoder_tokens"] = sum(b["history"].numel() for b in batches)
-        out["pairwise_decoder_tokens"] = sum(len(b["index"]) for b in batches) * (N + 1) * T  # bos + T - 1 each
+        T = data.sids.num_levels  # a pairwise step decodes bos + T - 1 tokens for each of 1 + N candidates
+        out["pairwise_decoder_tokens"] = out["examples"] * (args.negatives + 1) * T
     print(json.dumps(out), flush=True)
 
 
 def run_child(name: str, args) -> dict:
     cmd = [sys.executable, __file__, "--child", name]
-    for key in ("batches", "batch_size", "threads", "negatives"):
+    for key in ("batches", "batch_size", "threads", "negatives", "min_seconds"):
         cmd += [f"--{key.replace('_', '-')}", str(getattr(args, key))]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -82,12 +82,14 @@ def run_child(name: str, args) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--batches", type=int, default=4, help="timed batches per objective (after one warm-up)")
+    p.add_argument("--batches", type=int, default=3, help="timed batches per objective (after a warm-up step)")
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--objectives", nargs="+", default=list(OBJECTIVES), choices=list(OBJECTIVES))
     p.add_argument("--negatives", type=int, default=100, help="N for apao-pairwise and sdpo")
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--rounds", type=int, default=1, help="runs of every objective, order rotated; the fastest counts")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1: per-core numbers)")
+    p.add_argument("--min-seconds", type=float, default=20.0,
+                   help="repeat the batches within a process until this much time has passed; each batch's best counts")
+    p.add_argument("--rounds", type=int, default=1, help="processes per objective, order rotated; the fastest counts")
     p.add_argument("--child", choices=list(OBJECTIVES), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
@@ -117,7 +119,7 @@ def main() -> None:
                     if o in ratio and ref in ratio},
         "config": {"backbone": "tiger (default size)", "data": "Office (APAO release codes, T=4)",
                    "batch_size": args.batch_size, "batches": args.batches, "examples": ce["examples"],
-                   "negatives": args.negatives, "threads": args.threads, "rounds": args.rounds,
+                   "negatives": args.negatives, "threads": args.threads, "min_seconds": args.min_seconds, "rounds": args.rounds,
                    "load_average_1_5_15": load},
     }
     if "apao-pairwise" in best:

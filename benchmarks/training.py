@@ -3,12 +3,13 @@
 CE training steps (forward + backward + clipping + AdamW, as `genrec.train` runs them) on real
 Office training batches: epoch 0 of the seeded length-bucketed train loader, `--batches` of them
 picked at evenly spaced quantiles of their width (so the sample costs what the epoch costs per
-example), after one warm-up step. Also the padding efficiency (real history tokens / padded
-history tokens over a whole epoch) of our length-bucketed batches vs random batches, and the
-throughput on `--random-batches` random batches. Backbones alternate over `--rounds`; the
-fastest round counts (the cores may be shared). The last line printed is one JSON object.
+example), after a warm-up step. Also the padding efficiency (real history tokens / padded history
+tokens over a whole epoch) of our length-bucketed batches vs random batches, and the throughput on
+`--random-batches` random batches. The cores may be shared: the batches are repeated for
+`--min-seconds` and each batch's fastest pass counts; samples per CPU second (process time) is
+the number contention distorts least. The last line printed is one JSON object.
 
-  python benchmarks/training.py [--batches 6] [--batch-size 256] [--backbones tiger llama]
+  python benchmarks/training.py [--batches 6] [--batch-size 256] [--backbones tiger llama] [--threads 1]
 """
 
 from __future__ import annotations
@@ -22,12 +23,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import TrainStep, epoch_batches, load_average, office, padding_efficiency, peak_rss_gb, timed  # noqa: E402
-
-
-def run_batches(train: TrainStep, batches: list[dict]) -> tuple[float, float]:
-    times = [timed(train.step, b) for b in batches]
-    return sum(t[0] for t in times), sum(t[1] for t in times)
+from common import (  # noqa: E402
+    TrainStep, best_times, epoch_batches, head, load_average, office, padding_efficiency, peak_rss_gb)
 
 
 def main() -> None:
@@ -36,8 +33,8 @@ def main() -> None:
     p.add_argument("--random-batches", type=int, default=3, help="timed random batches per backbone (0: none)")
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--backbones", nargs="+", default=["tiger", "llama"], choices=["tiger", "llama"])
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1: per-core numbers)")
+    p.add_argument("--min-seconds", type=float, default=30.0, help="repeat each batch set this long; best pass counts")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     load = [load_average()]
@@ -45,29 +42,24 @@ def main() -> None:
     _, data, dm = cfgs[args.backbones[0]]
     lengths, T = dm.splits["train"].lengths, data.sids.num_levels
     bucketed, random = epoch_batches(dm, args.batches), epoch_batches(dm, args.random_batches, bucketed=False)
-    trains = {b: TrainStep(*cfgs[b]) for b in args.backbones}
-    for train in trains.values():
-        train.step(bucketed[len(bucketed) // 2])  # warm-up
     best: dict[str, dict] = {}
-    for r in range(args.rounds):
-        for b in args.backbones:
-            times = {"bucketed": run_batches(trains[b], bucketed)}
-            if random:
-                times["random"] = run_batches(trains[b], random)
-            old = best.get(b, times)
-            best[b] = {k: tuple(map(min, v, old[k])) for k, v in times.items()}
-            load.append(load_average())
-            print(f"round {r} {b}: {json.dumps(times)}", flush=True)
+    for b in args.backbones:
+        train = TrainStep(*cfgs[b])
+        train.step(head(bucketed[-1], 16))  # warm-up
+        best[b] = {"bucketed": best_times(train.step, bucketed, args.min_seconds),
+                   "random": best_times(train.step, random, args.min_seconds / 2) if random else None,
+                   "params_m": round(sum(p.numel() for p in train.module.backbone.parameters()) / 1e6, 2)}
+        load.append(load_average())
+        print(f"{b}: {json.dumps(best[b])}", flush=True)
     n_bucketed, n_random = (sum(len(x["index"]) for x in xs) for xs in (bucketed, random))
     result = {"padding_efficiency": {
         "bucketed": round(padding_efficiency(lengths, args.batch_size, T, dm.seed), 3),
         "random": round(padding_efficiency(lengths, args.batch_size, T, dm.seed, bucketed=False), 3)}}
     for b, t in best.items():
-        (wall, cpu), module = t["bucketed"], trains[b].module
+        wall, cpu, passes = t["bucketed"]
         row = {"samples_per_s": round(n_bucketed / wall, 1), "samples_per_cpu_s": round(n_bucketed / cpu, 1),
-               "epoch_s": round(len(lengths) / (n_bucketed / wall), 1),
-               "params_m": round(sum(p.numel() for p in module.backbone.parameters()) / 1e6, 2)}
-        if "random" in t:
+               "epoch_cpu_s": round(len(lengths) / (n_bucketed / cpu), 1), "params_m": t["params_m"], "passes": passes}
+        if t["random"]:
             row["random_samples_per_s"] = round(n_random / t["random"][0], 1)
             row["random_samples_per_cpu_s"] = round(n_random / t["random"][1], 1)
             row["speedup_vs_random_cpu"] = round(row["samples_per_cpu_s"] / row["random_samples_per_cpu_s"], 2)
@@ -75,12 +67,12 @@ def main() -> None:
     result["config"] = {"data": "Office (APAO release codes, T=4)", "objective": "ce", "batch_size": args.batch_size,
                         "train_examples": len(lengths), "batches": args.batches, "examples": n_bucketed,
                         "random_batches": args.random_batches, "random_examples": n_random, "threads": args.threads,
-                        "rounds": args.rounds, "peak_rss_gb": round(peak_rss_gb(), 2), "load_average_1_5_15": load}
-    print("\n| backbone | params (M) | samples/s | samples / CPU s | epoch (s) | random batches: samples / CPU s |")
+                        "min_seconds": args.min_seconds, "peak_rss_gb": round(peak_rss_gb(), 2), "load_average_1_5_15": load}
+    print("\n| backbone | params (M) | samples/s | samples / CPU s | epoch (CPU s) | random batches: samples / CPU s |")
     print("|---|---|---|---|---|---|")
     for b in best:
         r = result[b]
-        print(f"| {b} | {r['params_m']} | {r['samples_per_s']} | {r['samples_per_cpu_s']} | {r['epoch_s']} | "
+        print(f"| {b} | {r['params_m']} | {r['samples_per_s']} | {r['samples_per_cpu_s']} | {r['epoch_cpu_s']} | "
               f"{r.get('random_samples_per_cpu_s', '')} |")
     pe = result["padding_efficiency"]
     print(f"\npadding efficiency: length-bucketed {pe['bucketed']:.3f}, random {pe['random']:.3f}\n")

@@ -22,7 +22,7 @@ from genrec.data.store import cached, config_hash
 from genrec.prepare import prepare
 
 REPO = Path(__file__).resolve().parents[1]
-OFFICE = Path("/work/shared/data/apao-office")
+OFFICE = Path(__file__).resolve().parents[2] / "shared" / "data" / "apao-office"  # ../shared beside the repo
 
 
 @pytest.fixture(autouse=True)
@@ -424,7 +424,7 @@ def test_hydra_lists_options_for_a_typo():
         cfg_for(["dataset=ml100kk"])
 
 
-@pytest.mark.skipif(not OFFICE.exists(), reason="needs /work/shared/data/apao-office")
+@pytest.mark.skipif(not OFFICE.exists(), reason="needs ../shared/data/apao-office")
 def test_prepare_office_counts(data_dir):
     p = prepare(cfg_for(["dataset=lcrec", f"dataset.root={OFFICE}", "dataset.name=Office",
                          "tokenizer=precomputed", f"data_dir={data_dir}"]), log=pytest.fail)

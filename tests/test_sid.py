@@ -10,7 +10,7 @@ import pytest
 from genrec.data.readers.common import DataError
 from genrec.data.sid import Precomputed, RQKMeans, collisions, disambiguate
 
-OFFICE = Path("/work/shared/data/apao-office")
+OFFICE = Path(__file__).resolve().parents[2] / "shared" / "data" / "apao-office"  # ../shared beside the repo
 
 
 def ranks_reference(codes):
@@ -173,7 +173,7 @@ def test_precomputed_bad_policy():
         Precomputed("x.json", collision="drop")
 
 
-@pytest.mark.skipif(not OFFICE.exists(), reason="needs /work/shared/data/apao-office")
+@pytest.mark.skipif(not OFFICE.exists(), reason="needs ../shared/data/apao-office")
 def test_precomputed_office_release():
     path = OFFICE / "Office.index.rq-kmeans.json"
     index = json.loads(path.read_text())

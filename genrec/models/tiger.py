@@ -8,6 +8,10 @@ keys/values are projected once per user in `encode`, and all N * (m + 1) decoder
 self-attention is causal within each candidate (beam) and carries T5's relative position
 bias. Decoder input = bos + prefix. The math (and dropout placement) follows
 `transformers.models.t5.modeling_t5`; tests check it against `self.hf(...)`.
+
+`step` (beam search) is a separate one-position path: the self-attention cache of all
+layers is one time-major tensor, re-ordered by parent beam with one `index_select` into a
+buffer one position longer, and the lone query attends with elementwise products.
 """
 
 from __future__ import annotations
@@ -21,20 +25,19 @@ from transformers import T5Config, T5ForConditionalGeneration
 
 from genrec.models.base import BOS, EOS, PAD, Backbone
 
-KV = list[tuple[Tensor, Tensor]]  # per decoder layer (keys, values)
-
 
 @dataclass
 class TigerEncoding:
     mask: Tensor  # [B, L] bool
     states: Tensor  # [B, L, D] encoder output
-    cross_kv: KV  # per decoder layer: cross-attention K, V [B, H, L, d_kv]
+    cross_kv: Tensor  # [layers, 2, B, H, L, d_kv]: each decoder layer's cross-attention K, V
 
 
 @dataclass
 class TigerState:
     enc: TigerEncoding
-    cache: KV | None  # per decoder layer: self-attention K, V [B, K, H, t, d_kv] of bos + beam tokens
+    qkv: list[Tensor]  # per decoder layer: the fused self-attention q/k/v weight [3 * H * d_kv, D]
+    cache: Tensor | None  # [t, layers, B * K, 2, H, d_kv]: self-attention K, V of bos + beam tokens
 
 
 class Tiger(Backbone):
@@ -87,7 +90,9 @@ class Tiger(Backbone):
         mask = mask.bool()
         states = self.hf.encoder(input_ids=history, attention_mask=mask).last_hidden_state
         cross = [blk.layer[1].EncDecAttention for blk in self.hf.decoder.block]
-        return TigerEncoding(mask, states, [(self._heads(a.k(states)), self._heads(a.v(states))) for a in cross])
+        w = torch.cat([torch.cat([a.k.weight, a.v.weight]) for a in cross])  # all layers' K, V: one matmul
+        kv = F.linear(states, w).unflatten(-1, (len(cross), 2, self.n_heads, self.d_kv))  # [B, L, layers, 2, H, d]
+        return TigerEncoding(mask, states, kv.permute(2, 3, 0, 4, 1, 5))
 
     def _self_bias(self, past: int, S: int, like: Tensor) -> Tensor:
         """Relative position bias + causal mask for S new positions after `past`: [1, H, S, past + S]."""
@@ -96,47 +101,67 @@ class Tiger(Backbone):
         future = torch.arange(past + S, device=like.device) > past + torch.arange(S, device=like.device)[:, None]
         return bias.masked_fill(future, float("-inf"))
 
-    def _decode(self, enc: TigerEncoding, tokens: Tensor, past: KV | None) -> tuple[Tensor, KV]:
-        """Decoder logits [B, N, S, V] for S new tokens per row [B, N, S] after the cached `past`."""
-        B, N, S = tokens.shape
+    def _cross_ff(self, blk, x: Tensor, enc: TigerEncoding, i: int) -> Tensor:
+        """Cross-attention then feed-forward of decoder block `blk` (layer i) for x [B, R, D]:
+        the R positions of a user are the queries of one attention call."""
+        _, ca, ff = blk.layer
+        h, att = ca.layer_norm(x), ca.EncDecAttention
         p_att = self.hf.config.dropout_rate if self.training else 0.0
-        x = self._dropout(self.hf.decoder.embed_tokens(tokens))  # [B, N, S, D]
-        bias = self._self_bias(0 if past is None else past[0][0].shape[-2], S, x)
-        cache = []
-        for i, (blk, (ck, cv)) in enumerate(zip(self.hf.decoder.block, enc.cross_kv)):
-            sa, ca, ff = blk.layer
-            # self-attention within each row: [B, N, H, S, d] queries over [B, N, H, t, d] keys
-            h, att = sa.layer_norm(x), sa.SelfAttention
-            q, k, v = self._heads(att.q(h)), self._heads(att.k(h)), self._heads(att.v(h))
-            if past is not None:
-                k, v = torch.cat([past[i][0], k], -2), torch.cat([past[i][1], v], -2)
-            cache.append((k, v))
-            y = F.dropout((q @ k.transpose(-1, -2) + bias).softmax(-1), p_att, self.training) @ v  # T5: no 1/sqrt(d)
-            x = x + self._dropout(att.o(y.transpose(-2, -3).flatten(-2)))
-            # cross-attention: the N * S positions of a user are the queries of one call
-            h, att = ca.layer_norm(x), ca.EncDecAttention
-            q = self._heads(att.q(h).reshape(B, N * S, -1))  # [B, H, N * S, d]
-            y = F.scaled_dot_product_attention(q, ck, cv, attn_mask=enc.mask[:, None, None], dropout_p=p_att, scale=1.0)
-            x = x + self._dropout(att.o(y.transpose(1, 2).reshape(B, N, S, -1)))
-            x = ff(x)  # T5LayerFF: norm, wi, act, dropout, wo, dropout, residual
+        ck, cv = enc.cross_kv[i]
+        y = F.scaled_dot_product_attention(
+            self._heads(att.q(h)), ck, cv, attn_mask=enc.mask[:, None, None], dropout_p=p_att, scale=1.0
+        )
+        x = x + self._dropout(att.o(y.transpose(1, 2).flatten(-2)))
+        return ff(x)  # T5LayerFF: norm, wi, act, dropout, wo, dropout, residual
+
+    def _lm_head(self, x: Tensor) -> Tensor:
         x = self._dropout(self.hf.decoder.final_layer_norm(x))
         if self.hf.config.scale_decoder_outputs:  # tied embeddings: T5 rescales before lm_head
             x = x * self.hf.config.d_model**-0.5
-        return self.hf.lm_head(x), cache
+        return self.hf.lm_head(x)
 
     def prefix_logits(self, enc: TigerEncoding, prefix: Tensor) -> Tensor:
-        bos = prefix.new_full((*prefix.shape[:2], 1), BOS)
-        return self._decode(enc, torch.cat([bos, prefix], -1), None)[0]
+        """Decoder logits [B, N, S, V] over S = m + 1 positions (bos + prefix [B, N, m])."""
+        tokens = torch.cat([prefix.new_full((*prefix.shape[:2], 1), BOS), prefix], -1)
+        B, N, S = tokens.shape
+        p_att = self.hf.config.dropout_rate if self.training else 0.0
+        x = self._dropout(self.hf.decoder.embed_tokens(tokens))  # [B, N, S, D]
+        bias = self._self_bias(0, S, x)
+        for i, blk in enumerate(self.hf.decoder.block):
+            # self-attention within each row: [B, N, H, S, d] queries over [B, N, H, S, d] keys
+            h, att = blk.layer[0].layer_norm(x), blk.layer[0].SelfAttention
+            q, k, v = self._heads(att.q(h)), self._heads(att.k(h)), self._heads(att.v(h))
+            y = F.dropout((q @ k.transpose(-1, -2) + bias).softmax(-1), p_att, self.training) @ v  # T5: no 1/sqrt(d)
+            x = x + self._dropout(att.o(y.transpose(-2, -3).flatten(-2)))
+            x = self._cross_ff(blk, x.reshape(B, N * S, -1), enc, i).reshape(B, N, S, -1)
+        return self._lm_head(x)
 
     def start(self, enc: TigerEncoding) -> TigerState:
-        return TigerState(enc, None)
+        atts = [blk.layer[0].SelfAttention for blk in self.hf.decoder.block]
+        return TigerState(enc, [torch.cat([a.q.weight, a.k.weight, a.v.weight]) for a in atts], None)
 
     def step(self, state: TigerState, tokens: Tensor | None, parents: Tensor | None) -> tuple[Tensor, TigerState]:
-        enc = state.enc
+        enc, B, H, d = state.enc, state.enc.mask.shape[0], self.n_heads, self.d_kv
         if tokens is None:  # first step: bos, one beam, empty cache
-            tokens, cache = enc.mask.new_full((enc.mask.shape[0], 1), BOS, dtype=torch.long), None
-        else:  # re-order the (small) self-attention cache; the cross-attention K/V stay shared
-            rows = torch.arange(parents.shape[0], device=parents.device)[:, None]
-            cache = [(k[rows, parents], v[rows, parents]) for k, v in state.cache]
-        logits, cache = self._decode(enc, tokens[..., None], cache)
-        return logits[:, :, -1], TigerState(enc, cache)
+            tokens, t = enc.mask.new_full((B, 1), BOS, dtype=torch.long), 0
+        else:
+            t = state.cache.shape[0]
+        K = tokens.shape[1]
+        x = self._dropout(self.hf.decoder.embed_tokens(tokens))  # [B, K, D]
+        cache = x.new_empty(t + 1, len(state.qkv), B * K, 2, H, d)
+        if t:  # the past K, V of each beam's parent (the cross-attention K, V stay shared)
+            rows = (torch.arange(B, device=x.device)[:, None] * (state.cache.shape[2] // B) + parents).flatten()
+            cache[:t] = state.cache.index_select(2, rows)
+        att0 = self.hf.decoder.block[0].layer[0].SelfAttention
+        bias = att0.compute_bias(1, t + 1, device=x.device, past_seen_tokens=t)[0, :, 0].T.to(x.dtype)  # [t + 1, H]
+        for i, (blk, qkv) in enumerate(zip(self.hf.decoder.block, state.qkv)):
+            sa = blk.layer[0]
+            qkv = F.linear(sa.layer_norm(x), qkv).view(B * K, 3, H, d)
+            cache[t, i] = qkv[:, 1:]
+            k, v = cache[:, i, :, 0], cache[:, i, :, 1]  # [t + 1, B * K, H, d]
+            p = ((qkv[:, 0] * k).sum(-1) + bias[:, None]).softmax(0)  # [t + 1, B * K, H]; T5: no 1/sqrt(d)
+            p = F.dropout(p, self.hf.config.dropout_rate, self.training)
+            y = (p[..., None] * v).sum(0)  # [B * K, H, d]
+            x = x + self._dropout(sa.SelfAttention.o(y.view(B, K, H * d)))
+            x = self._cross_ff(blk, x, enc, i)
+        return self._lm_head(x), TigerState(enc, state.qkv, cache)
