@@ -22,7 +22,8 @@ def test_sweep_logs_wandb_offline_and_records_a_failed_job(tmp_path):
     ok = [j for j in jobs if (j / "metrics.json").exists()]
     failed = [j for j in jobs if (j / "failed.json").exists()]
     # lr=1e30 diverges: those jobs are recorded as failed, the others still ran to the end.
-    assert len(ok) == 2 and len(failed) == 2 and all("lr=1e+30" in j.name for j in failed)
+    assert len(ok) == 2 and len(failed) == 2
+    assert all("lr: 1.0e+30" in (j / ".hydra" / "config.yaml").read_text() for j in failed)
     assert "non-finite loss" in json.loads((failed[0] / "failed.json").read_text())["error"]
     assert out.returncode != 0  # Hydra reports the failure after all jobs ran
     # One data artefact per stage, shared by all jobs.

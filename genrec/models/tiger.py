@@ -37,7 +37,8 @@ class TigerEncoding:
 class TigerState:
     enc: TigerEncoding
     qkv: list[Tensor]  # per decoder layer: the fused self-attention q/k/v weight [3 * H * d_kv, D]
-    cache: Tensor | None  # [t, layers, B * K, 2, H, d_kv]: self-attention K, V of bos + beam tokens
+    cache: list[Tensor]  # per step s <= t: self-attention K, V of that step's beams [layers, 2, B, H, K_s, d_kv]
+    anc: Tensor | None  # [t + 1, B, K]: each beam's ancestor among step s's beams (itself at s = t)
 
 
 class Tiger(Backbone):
@@ -138,30 +139,30 @@ class Tiger(Backbone):
 
     def start(self, enc: TigerEncoding) -> TigerState:
         atts = [blk.layer[0].SelfAttention for blk in self.hf.decoder.block]
-        return TigerState(enc, [torch.cat([a.q.weight, a.k.weight, a.v.weight]) for a in atts], None)
+        return TigerState(enc, [torch.cat([a.q.weight, a.k.weight, a.v.weight]) for a in atts], [], None)
 
     def step(self, state: TigerState, tokens: Tensor | None, parents: Tensor | None) -> tuple[Tensor, TigerState]:
         enc, B, H, d = state.enc, state.enc.mask.shape[0], self.n_heads, self.d_kv
-        if tokens is None:  # first step: bos, one beam, empty cache
-            tokens, t = enc.mask.new_full((B, 1), BOS, dtype=torch.long), 0
-        else:
-            t = state.cache.shape[0]
-        K = tokens.shape[1]
+        if tokens is None:  # first step: bos, one beam
+            tokens = enc.mask.new_full((B, 1), BOS, dtype=torch.long)
+        t, K = len(state.cache), tokens.shape[1]
+        here = torch.arange(K, device=tokens.device).expand(1, B, K)
+        anc = here if t == 0 else torch.cat([state.anc.gather(2, parents.expand(t, -1, -1)), here])  # [t + 1, B, K]
+        idx = anc[..., None, :, None].expand(-1, -1, H, -1, 1)  # [t + 1, B, H, K, 1]
         x = self._dropout(self.hf.decoder.embed_tokens(tokens))  # [B, K, D]
-        cache = x.new_empty(t + 1, len(state.qkv), B * K, 2, H, d)
-        if t:  # the past K, V of each beam's parent (the cross-attention K, V stay shared)
-            rows = (torch.arange(B, device=x.device)[:, None] * (state.cache.shape[2] // B) + parents).flatten()
-            cache[:t] = state.cache.index_select(2, rows)
+        kv = x.new_empty(len(state.qkv), 2, B, H, K, d)  # this step's self-attention K, V, all layers
+        cache = [*state.cache, kv]
         att0 = self.hf.decoder.block[0].layer[0].SelfAttention
-        bias = att0.compute_bias(1, t + 1, device=x.device, past_seen_tokens=t)[0, :, 0].T.to(x.dtype)  # [t + 1, H]
+        bias = att0.compute_bias(1, t + 1, device=x.device, past_seen_tokens=t)[0].to(x.dtype)  # [H, 1, t + 1]
         for i, (blk, qkv) in enumerate(zip(self.hf.decoder.block, state.qkv)):
             sa = blk.layer[0]
-            qkv = F.linear(sa.layer_norm(x), qkv).view(B * K, 3, H, d)
-            cache[t, i] = qkv[:, 1:]
-            k, v = cache[:, i, :, 0], cache[:, i, :, 1]  # [t + 1, B * K, H, d]
-            p = ((qkv[:, 0] * k).sum(-1) + bias[:, None]).softmax(0)  # [t + 1, B * K, H]; T5: no 1/sqrt(d)
-            p = F.dropout(p, self.hf.config.dropout_rate, self.training)
-            y = (p[..., None] * v).sum(0)  # [B * K, H, d]
-            x = x + self._dropout(sa.SelfAttention.o(y.view(B, K, H * d)))
+            qkv = F.linear(sa.layer_norm(x), qkv).view(B, K, 3, H, d)
+            kv[i] = qkv[:, :, 1:].permute(2, 0, 3, 1, 4)
+            q = qkv[:, :, 0].transpose(1, 2).contiguous()  # [B, H, K, d]
+            # every beam's query against all beams of each step, then its ancestor's column: T5, no 1/sqrt(d)
+            w = torch.cat([(q @ c[i, 0].transpose(-1, -2)).gather(-1, j) for c, j in zip(cache, idx)], -1)
+            p = F.dropout((w + bias).softmax(-1), self.hf.config.dropout_rate, self.training)  # [B, H, K, t + 1]
+            y = sum(p.new_zeros(*p.shape[:-1], c.shape[-2]).scatter_(-1, j, p[..., [s]]) @ c[i, 1] for s, (c, j) in enumerate(zip(cache, idx)))
+            x = x + self._dropout(sa.SelfAttention.o(y.transpose(1, 2).flatten(-2)))
             x = self._cross_ff(blk, x, enc, i)
-        return self._lm_head(x), TigerState(enc, state.qkv, cache)
+        return self._lm_head(x), TigerState(enc, state.qkv, cache, anc)
