@@ -107,6 +107,27 @@ def test_step_reorders_beams_like_teacher_forcing(name):
 
 
 @pytest.mark.parametrize("name", NAMES)
+def test_step_leaves_its_state_reusable(name):
+    """Exact full ranking steps one state several times (one call per block of children):
+    a second branch from the same state gives the reference logits, and the first is unchanged."""
+    model, b = make(name), batch()
+    enc = model.encode(b["history"], b["mask"])
+    g = torch.Generator().manual_seed(1)
+    _, state = model.step(model.start(enc), None, None)
+    _, ref_state = Backbone.step(model, Backbone.start(model, enc), None, None)
+    tokens, parents = torch.randint(3, V, (5, 3), generator=g), torch.zeros(5, 3, dtype=torch.long)
+    _, state = model.step(state, tokens, parents)
+    _, ref_state = Backbone.step(model, ref_state, tokens, parents)
+    sizes = (40, 2)  # 40 beams: Tiger's many-beam path
+    branches = [(torch.randint(3, V, (5, K), generator=g), torch.randint(3, (5, K), generator=g)) for K in sizes]
+    first = model.step(state, *branches[0])[0]
+    for tok, par in branches:
+        out, _ = model.step(state, tok, par)
+        torch.testing.assert_close(out, Backbone.step(model, ref_state, tok, par)[0], atol=1e-5, rtol=0)
+    torch.testing.assert_close(model.step(state, *branches[0])[0], first, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("name", NAMES)
 def test_gradients_match_hf(name):
     """d/dθ of a loss on prefix_logits equals the same loss through the HF forward (one HF pass per
     candidate; T5LayerNorm back-propagates through float32, hence the float32-level tolerance)."""

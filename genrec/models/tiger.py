@@ -9,9 +9,13 @@ self-attention is causal within each candidate (beam) and carries T5's relative 
 bias. Decoder input = bos + prefix. The math (and dropout placement) follows
 `transformers.models.t5.modeling_t5`; tests check it against `self.hf(...)`.
 
-`step` (beam search) is a separate one-position path: the self-attention cache of all
-layers is one time-major tensor, re-ordered by parent beam with one `index_select` into a
-buffer one position longer, and the lone query attends with elementwise products.
+`step` (beam search) is a separate one-position path. `encode` projects every layer's
+cross-attention K/V with one matmul; `start` fuses each layer's self-attention q/k/v
+weights. The self-attention cache is never copied or re-ordered: each step stores its
+beams' K/V once, and each beam keeps the index of its ancestor among every earlier step's
+beams. With few beams in a step (beam search), a beam's query meets all of them in one
+small batched matmul and its ancestor's score is picked out (the values are summed back
+through the same pick); with many (exact full ranking), the ancestors' K/V are gathered.
 """
 
 from __future__ import annotations
@@ -39,6 +43,20 @@ class TigerState:
     qkv: list[Tensor]  # per decoder layer: the fused self-attention q/k/v weight [3 * H * d_kv, D]
     cache: list[Tensor]  # per step s <= t: self-attention K, V of that step's beams [layers, 2, B, H, K_s, d_kv]
     anc: Tensor | None  # [t + 1, B, K]: each beam's ancestor among step s's beams (itself at s = t)
+
+
+def _dots(q: Tensor, k: Tensor, j: Tensor) -> Tensor:
+    """q [B, H, K, d] . the key of each beam's ancestor j [B, H, K, 1] among k's beams [B, H, K_s, d]: [B, H, K, 1]."""
+    if k.shape[-2] <= 32:  # few beams (beam search): all pairs in one small matmul, then the ancestor's column
+        return (q @ k.transpose(-1, -2)).gather(-1, j)
+    return (q * k.gather(-2, j.expand_as(q))).sum(-1, keepdim=True)
+
+
+def _mix(p: Tensor, v: Tensor, j: Tensor) -> Tensor:
+    """p [B, H, K, 1] times the value of each beam's ancestor j among v's beams [B, H, K_s, d]: [B, H, K, d]."""
+    if v.shape[-2] <= 32:
+        return v.new_zeros(*p.shape[:-1], v.shape[-2]).scatter_(-1, j, p) @ v
+    return p * v.gather(-2, j.expand(*j.shape[:-1], v.shape[-1]))
 
 
 class Tiger(Backbone):
@@ -96,9 +114,9 @@ class Tiger(Backbone):
         return TigerEncoding(mask, states, kv.permute(2, 3, 0, 4, 1, 5))
 
     def _self_bias(self, past: int, S: int, like: Tensor) -> Tensor:
-        """Relative position bias + causal mask for S new positions after `past`: [1, H, S, past + S]."""
+        """Relative position bias + causal mask for S new positions after `past`: [H, S, past + S]."""
         att = self.hf.decoder.block[0].layer[0].SelfAttention
-        bias = att.compute_bias(S, past + S, device=like.device, past_seen_tokens=past).to(like.dtype)
+        bias = att.compute_bias(S, past + S, device=like.device, past_seen_tokens=past)[0].to(like.dtype)
         future = torch.arange(past + S, device=like.device) > past + torch.arange(S, device=like.device)[:, None]
         return bias.masked_fill(future, float("-inf"))
 
@@ -142,6 +160,7 @@ class Tiger(Backbone):
         return TigerState(enc, [torch.cat([a.q.weight, a.k.weight, a.v.weight]) for a in atts], [], None)
 
     def step(self, state: TigerState, tokens: Tensor | None, parents: Tensor | None) -> tuple[Tensor, TigerState]:
+        """One new position for K beams; `state` is never modified (it may be stepped again)."""
         enc, B, H, d = state.enc, state.enc.mask.shape[0], self.n_heads, self.d_kv
         if tokens is None:  # first step: bos, one beam
             tokens = enc.mask.new_full((B, 1), BOS, dtype=torch.long)
@@ -152,17 +171,15 @@ class Tiger(Backbone):
         x = self._dropout(self.hf.decoder.embed_tokens(tokens))  # [B, K, D]
         kv = x.new_empty(len(state.qkv), 2, B, H, K, d)  # this step's self-attention K, V, all layers
         cache = [*state.cache, kv]
-        att0 = self.hf.decoder.block[0].layer[0].SelfAttention
-        bias = att0.compute_bias(1, t + 1, device=x.device, past_seen_tokens=t)[0].to(x.dtype)  # [H, 1, t + 1]
-        for i, (blk, qkv) in enumerate(zip(self.hf.decoder.block, state.qkv)):
+        bias = self._self_bias(t, 1, x)  # [H, 1, t + 1]
+        for i, (blk, wqkv) in enumerate(zip(self.hf.decoder.block, state.qkv)):
             sa = blk.layer[0]
-            qkv = F.linear(sa.layer_norm(x), qkv).view(B, K, 3, H, d)
+            qkv = F.linear(sa.layer_norm(x), wqkv).view(B, K, 3, H, d)
             kv[i] = qkv[:, :, 1:].permute(2, 0, 3, 1, 4)
             q = qkv[:, :, 0].transpose(1, 2).contiguous()  # [B, H, K, d]
-            # every beam's query against all beams of each step, then its ancestor's column: T5, no 1/sqrt(d)
-            w = torch.cat([(q @ c[i, 0].transpose(-1, -2)).gather(-1, j) for c, j in zip(cache, idx)], -1)
+            w = torch.cat([_dots(q, c[i, 0], j) for c, j in zip(cache, idx)], -1)  # T5: no 1/sqrt(d)
             p = F.dropout((w + bias).softmax(-1), self.hf.config.dropout_rate, self.training)  # [B, H, K, t + 1]
-            y = sum(p.new_zeros(*p.shape[:-1], c.shape[-2]).scatter_(-1, j, p[..., [s]]) @ c[i, 1] for s, (c, j) in enumerate(zip(cache, idx)))
+            y = sum(_mix(p[..., [s]], c[i, 1], j) for s, (c, j) in enumerate(zip(cache, idx)))  # [B, H, K, d]
             x = x + self._dropout(sa.SelfAttention.o(y.transpose(1, 2).flatten(-2)))
             x = self._cross_ff(blk, x, enc, i)
         return self._lm_head(x), TigerState(enc, state.qkv, cache, anc)
