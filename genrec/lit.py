@@ -16,7 +16,6 @@ from omegaconf import DictConfig
 
 from genrec.data.semantic_ids import SemanticIds
 from genrec.eval.trie import Trie
-from genrec.models.base import token_logprobs
 from genrec.objectives.base import TrainContext
 
 
@@ -68,10 +67,7 @@ class GenRec(L.LightningModule):
 
     # ---- evaluation -----------------------------------------------------------------
     def _eval_step(self, batch: dict) -> None:
-        rows = self.evaluator.per_example(self.backbone, self.trie, batch)
-        logits = self.backbone.target_logits(batch["history"], batch["mask"], batch["target"])
-        rows["loss"] = -token_logprobs(logits, batch["target"]).mean(-1)  # teacher-forced CE per example
-        self._rows.append(rows)
+        self._rows.append(self.evaluator.per_example(self.backbone, self.trie, batch))
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         self._eval_step(batch)
@@ -98,7 +94,6 @@ class GenRec(L.LightningModule):
     def _eval_epoch_end(self, prefix: str) -> None:
         rows = self._gather_rows()
         metrics = self.evaluator.summarize(rows)
-        metrics["loss"] = float(rows["loss"].float().mean())
         metrics["users"] = float(len(rows["index"]))
         # Every rank holds the same gathered rows, so no further reduction is needed.
         self.log_dict({f"{prefix}/{k}": float(v) for k, v in metrics.items()}, sync_dist=False)

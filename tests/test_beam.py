@@ -151,7 +151,8 @@ def test_spec_example_pruning():
     tok = sids.cand_tokens()
     target = torch.tensor([0, 1])  # user 0 wants A, user 1 wants B
     mask = torch.ones(2, 2, dtype=torch.bool)
-    batch = {"history": tok[target], "mask": mask, "target_cand": target, "index": torch.tensor([5, 6])}
+    batch = {"history": tok[target], "mask": mask, "target": tok[target], "target_cand": target,
+             "index": torch.tensor([5, 6])}
     enc = bb.encode(batch["history"], batch["mask"])
     full = full_scores(bb, enc, trie)
     torch.testing.assert_close(full[0], torch.tensor(np.log([0.4, 0.3, 0.3]), dtype=torch.float))
@@ -183,6 +184,8 @@ def test_evaluator_rows_agree_with_beam_and_full_ranking():
     returned = rows["rank"] > 0
     assert (rows["full_rank"][returned] >= rows["rank"][returned]).all()  # pruned items can only rank above
     assert torch.equal(rows["prefix_hit"][:, -1], returned)
+    # the teacher-forced CE row is the target's exact log-prob over T tokens, from the same encoding
+    torch.testing.assert_close(rows["loss"], -brute[torch.arange(len(target)), target].float() / sids.num_levels)
     wide = Evaluator(beam=C, full_rank=True).per_example(bb, trie, batch)
     assert torch.equal(wide["rank"], wide["full_rank"]) and wide["prefix_hit"].all()
     out = Evaluator(beam=C, ks=(10, 20, 40), full_rank=True).summarize(wide)

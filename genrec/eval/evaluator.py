@@ -15,7 +15,7 @@ from genrec.eval import metrics
 from genrec.eval.beam import beam_search
 from genrec.eval.fullrank import full_scores, rank_of
 from genrec.eval.trie import Trie
-from genrec.models.base import Backbone
+from genrec.models.base import Backbone, token_logprobs
 
 
 class Evaluator:
@@ -39,7 +39,9 @@ class Evaluator:
         target_pid = trie.cand_prefix_id[target]  # [B, T + 1]
         kept = res.prefix_ids  # step m: [B, K_m]
         prefix_hit = torch.stack([(p == target_pid[:, m + 1, None]).any(1) for m, p in enumerate(kept)], 1)
-        rows = {"index": batch["index"], "rank": rank, "prefix_hit": prefix_hit}
+        logits = backbone.prefix_logits(enc, batch["target"][:, None, :-1])[:, 0]  # same encoding, teacher forced
+        loss = -token_logprobs(logits, batch["target"]).mean(-1)
+        rows = {"index": batch["index"], "rank": rank, "prefix_hit": prefix_hit, "loss": loss}
         if self.full_rank:
             rows["full_rank"] = rank_of(full_scores(backbone, enc, trie, self.chunk), target)
         return rows
@@ -58,4 +60,6 @@ class Evaluator:
                 out[f"full/recall@{k}"] = metrics.recall(full, k)
                 out[f"full/ndcg@{k}"] = metrics.ndcg(full, k)
                 out[f"pruning_rate@{k}"] = metrics.pruning_rate(full, rank, k)
+        if "loss" in rows:
+            out["loss"] = float(rows["loss"].float().mean())  # teacher-forced CE of the held-out targets
         return out
