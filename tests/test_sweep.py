@@ -36,3 +36,11 @@ def test_sweep_logs_wandb_offline_and_records_a_failed_job(tmp_path):
             assert key in blob, key
     apao = next(j for j in ok if "apao" in j.name)
     assert b"train/apao/w1" in next(apao.glob("wandb/offline-run-*/run-*.wandb")).read_bytes()
+    # ... and the sweep reports into a table: both objectives' rows, the failed configs not counted.
+    rep = subprocess.run([sys.executable, "-m", "genrec.report", f"runs=[{sweep}]", f"out={tmp_path}/report",
+                          "metrics=[recall@5,ndcg@5]"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert rep.returncode == 0, rep.stderr[-2000:]
+    table = (tmp_path / "report" / "table.md").read_text()
+    assert "CE" in table and "APAO-pointwise" in table
+    summary = json.loads((tmp_path / "report" / "summary.json").read_text())
+    assert summary["runs"]["ok"] == 2 and summary["runs"]["failed"] == 2
