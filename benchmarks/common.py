@@ -26,7 +26,7 @@ from genrec.data.datamodule import LengthBatches, SeqDataModule  # noqa: E402
 from genrec.lit import GenRec  # noqa: E402
 from genrec.prepare import Prepared, prepare  # noqa: E402
 
-OFFICE = ["dataset=lcrec", f"dataset.root={Path(__file__).resolve().parents[2] / 'shared/data/apao-office'}", "dataset.name=Office",
+OFFICE = ["dataset=lcrec", f"dataset.root={ROOT.parent / 'shared/data/apao-office'}", "dataset.name=Office",
           "tokenizer=precomputed", "tokenizer.collision=merge"]
 
 
@@ -60,11 +60,6 @@ def epoch_batches(dm: SeqDataModule, n: int, bucketed: bool = True) -> list[dict
     return [ds[batches[i].tolist()] for i in np.sort(pick)]
 
 
-def head(batch: dict, n: int) -> dict:
-    """The first n examples of a batch (a cheap warm-up step)."""
-    return {k: v[:n] for k, v in batch.items()}
-
-
 class TrainStep:
     """forward (objective) + backward + gradient clipping + AdamW + scheduler, as `genrec.train`
     runs them (without Lightning's loop and logging)."""
@@ -96,13 +91,18 @@ def timed(f, *args) -> tuple[float, float]:
     return time.perf_counter() - t, time.process_time() - c
 
 
+def fastest(a: tuple[float, float], b: tuple[float, float]) -> tuple[float, float]:
+    """The faster of two (wall, CPU) timings, per component."""
+    return min(a[0], b[0]), min(a[1], b[1])
+
+
 def best_times(f, batches: list[dict], min_seconds: float) -> tuple[float, float, int]:
     """f on every batch, in passes until `min_seconds` of wall time have gone by (at least one):
     (wall, CPU) seconds summed over the batches, each batch's fastest pass counting; passes."""
     start, best, passes = time.perf_counter(), None, 0
     while best is None or time.perf_counter() - start < min_seconds:
         times = [timed(f, b) for b in batches]
-        best = times if best is None else [(min(a[0], b[0]), min(a[1], b[1])) for a, b in zip(best, times)]
+        best = times if best is None else list(map(fastest, best, times))
         passes += 1
     return sum(t[0] for t in best), sum(t[1] for t in best), passes
 

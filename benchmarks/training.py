@@ -24,7 +24,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import (  # noqa: E402
-    TrainStep, best_times, epoch_batches, head, load_average, office, padding_efficiency, peak_rss_gb)
+    TrainStep, best_times, epoch_batches, load_average, office, padding_efficiency, peak_rss_gb)
 
 
 def main() -> None:
@@ -45,10 +45,10 @@ def main() -> None:
     best: dict[str, dict] = {}
     for b in args.backbones:
         train = TrainStep(*cfgs[b])
-        train.step(head(bucketed[-1], 16))  # warm-up
+        train.step(max(bucketed + random, key=lambda x: x["history"].shape[1]))  # warm-up: the widest batch
         best[b] = {"bucketed": best_times(train.step, bucketed, args.min_seconds),
                    "random": best_times(train.step, random, args.min_seconds / 2) if random else None,
-                   "params_m": round(sum(p.numel() for p in train.module.backbone.parameters()) / 1e6, 2)}
+                   "params_m": round(sum(w.numel() for w in train.module.backbone.parameters()) / 1e6, 2)}
         load.append(load_average())
         print(f"{b}: {json.dumps(best[b])}", flush=True)
     n_bucketed, n_random = (sum(len(x["index"]) for x in xs) for xs in (bucketed, random))
@@ -58,7 +58,8 @@ def main() -> None:
     for b, t in best.items():
         wall, cpu, passes = t["bucketed"]
         row = {"samples_per_s": round(n_bucketed / wall, 1), "samples_per_cpu_s": round(n_bucketed / cpu, 1),
-               "epoch_cpu_s": round(len(lengths) / (n_bucketed / cpu), 1), "params_m": t["params_m"], "passes": passes}
+               "epoch_s": round(len(lengths) * wall / n_bucketed, 1),
+               "epoch_cpu_s": round(len(lengths) * cpu / n_bucketed, 1), "params_m": t["params_m"], "passes": passes}
         if t["random"]:
             row["random_samples_per_s"] = round(n_random / t["random"][0], 1)
             row["random_samples_per_cpu_s"] = round(n_random / t["random"][1], 1)
@@ -67,7 +68,8 @@ def main() -> None:
     result["config"] = {"data": "Office (APAO release codes, T=4)", "objective": "ce", "batch_size": args.batch_size,
                         "train_examples": len(lengths), "batches": args.batches, "examples": n_bucketed,
                         "random_batches": args.random_batches, "random_examples": n_random, "threads": args.threads,
-                        "min_seconds": args.min_seconds, "peak_rss_gb": round(peak_rss_gb(), 2), "load_average_1_5_15": load}
+                        "min_seconds": args.min_seconds, "peak_rss_gb": round(peak_rss_gb(), 2),
+                        "load_average_1_5_15": load}
     print("\n| backbone | params (M) | samples/s | samples / CPU s | epoch (CPU s) | random batches: samples / CPU s |")
     print("|---|---|---|---|---|---|")
     for b in best:
