@@ -140,20 +140,30 @@ class Tiger(Backbone):
         return self.hf.lm_head(x)
 
     def prefix_logits(self, enc: TigerEncoding, prefix: Tensor) -> Tensor:
-        """Decoder logits [B, N, S, V] over S = m + 1 positions (bos + prefix [B, N, m])."""
-        tokens = torch.cat([prefix.new_full((*prefix.shape[:2], 1), BOS), prefix], -1)
-        B, N, S = tokens.shape
+        """Decoder logits [B, N, m + 1, V] for bos + prefix [B, N, m]. The bos position is the
+        same for all N candidates of a user, so it is decoded once per user and its key/value
+        shared by the candidates' self-attention (a quarter fewer decoder positions at T = 4)."""
+        B, N, m = prefix.shape
+        D = self.hf.config.d_model
         p_att = self.hf.config.dropout_rate if self.training else 0.0
-        x = self._dropout(self.hf.decoder.embed_tokens(tokens))  # [B, N, S, D]
-        bias = self._self_bias(0, S, x)
+        x0 = self._dropout(self.hf.decoder.embed_tokens(prefix.new_full((B, 1, 1), BOS)))  # [B, 1, 1, D]
+        x = self._dropout(self.hf.decoder.embed_tokens(prefix))  # [B, N, m, D]
+        bias = self._self_bias(0, m + 1, x)  # [H, m + 1, m + 1]
         for i, blk in enumerate(self.hf.decoder.block):
-            # self-attention within each row: [B, N, H, S, d] queries over [B, N, H, S, d] keys
-            h, att = blk.layer[0].layer_norm(x), blk.layer[0].SelfAttention
-            q, k, v = self._heads(att.q(h)), self._heads(att.k(h)), self._heads(att.v(h))
-            y = F.dropout((q @ k.transpose(-1, -2) + bias).softmax(-1), p_att, self.training) @ v  # T5: no 1/sqrt(d)
+            sa, att = blk.layer[0], blk.layer[0].SelfAttention
+            h0, h = sa.layer_norm(x0), sa.layer_norm(x)
+            q0, k0, v0 = (self._heads(f(h0)) for f in (att.q, att.k, att.v))  # [B, 1, H, 1, d]
+            q, k, v = (self._heads(f(h)) for f in (att.q, att.k, att.v))  # [B, N, H, m, d]
+            # bos attends to itself; prefix position j to bos and to its own row's positions <= j (T5: no 1/sqrt(d))
+            y0 = F.dropout((q0 @ k0.transpose(-1, -2) + bias[:, :1, :1]).softmax(-1), p_att, self.training) @ v0
+            s = torch.cat([q @ k0.transpose(-1, -2), q @ k.transpose(-1, -2)], -1) + bias[:, 1:]
+            a = F.dropout(s.softmax(-1), p_att, self.training)
+            y = a[..., :1] * v0 + a[..., 1:] @ v
+            x0 = x0 + self._dropout(att.o(y0.transpose(-2, -3).flatten(-2)))
             x = x + self._dropout(att.o(y.transpose(-2, -3).flatten(-2)))
-            x = self._cross_ff(blk, x.reshape(B, N * S, -1), enc, i).reshape(B, N, S, -1)
-        return self._lm_head(x)
+            both = self._cross_ff(blk, torch.cat([x0.reshape(B, 1, D), x.reshape(B, N * m, D)], 1), enc, i)
+            x0, x = both[:, :1].reshape(B, 1, 1, D), both[:, 1:].reshape(B, N, m, D)
+        return torch.cat([self._lm_head(x0).expand(B, N, 1, -1), self._lm_head(x)], 2)
 
     def start(self, enc: TigerEncoding) -> TigerState:
         atts = [blk.layer[0].SelfAttention for blk in self.hf.decoder.block]
