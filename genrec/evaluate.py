@@ -22,21 +22,18 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from genrec.data.datamodule import SeqDataModule
 from genrec.data.readers.common import DataError
 from genrec.lit import GenRec
+from genrec.objectives.sdpo import checkpoint_path
 from genrec.prepare import prepare
 from genrec.train import write_json
 
 
 def locate(ckpt: str) -> tuple[Path, Path]:
     """(run dir, checkpoint file) for a run dir or a checkpoint path."""
-    path = Path(ckpt).expanduser().resolve()
-    if path.is_file():
-        run_dir = path.parent.parent
-    else:
-        run_dir = path
-        found = [run_dir / "checkpoints" / n for n in ("best.ckpt", "last.ckpt") if (run_dir / "checkpoints" / n).exists()]
-        if not found:
-            raise DataError(f"ckpt={ckpt}: no checkpoints/best.ckpt or last.ckpt under {run_dir}")
-        path = found[0]
+    try:  # the same lookup S-DPO uses for its reference run
+        path = checkpoint_path(Path(ckpt).expanduser().resolve())
+    except FileNotFoundError as e:
+        raise DataError(f"ckpt={ckpt}: {e}") from None
+    run_dir = path.parent.parent
     if not (run_dir / "config.yaml").exists():
         raise DataError(f"ckpt={ckpt}: {run_dir / 'config.yaml'} is missing (not a genrec run dir?)")
     return run_dir, path

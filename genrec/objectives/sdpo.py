@@ -36,9 +36,9 @@ def checkpoint_path(path: str | Path) -> Path:
         for name in ("best.ckpt", "last.ckpt"):
             if (path / "checkpoints" / name).is_file():
                 return path / "checkpoints" / name
-        raise FileNotFoundError(f"S-DPO reference: no checkpoints/best.ckpt or checkpoints/last.ckpt under {path}")
+        raise FileNotFoundError(f"no checkpoints/best.ckpt or checkpoints/last.ckpt under {path}")
     if not path.is_file():
-        raise FileNotFoundError(f"S-DPO reference checkpoint {path} does not exist")
+        raise FileNotFoundError(f"checkpoint {path} does not exist")
     return path
 
 
