@@ -44,7 +44,10 @@ def checkpoint_path(path: str | Path) -> Path:
 
 def load_backbone_state(path: str | Path) -> dict[str, torch.Tensor]:
     """The backbone weights (keys `backbone.*`, prefix stripped) of a Lightning checkpoint."""
-    path = checkpoint_path(path)
+    try:
+        path = checkpoint_path(path)
+    except FileNotFoundError as e:
+        raise FileNotFoundError(f"S-DPO reference (objective.ref_ckpt): {e}") from None
     # Our own training checkpoint (Lightning pickles hyper-parameters alongside the weights).
     state = torch.load(path, map_location="cpu", weights_only=False).get("state_dict", {})
     weights = {k[len("backbone.") :]: v for k, v in state.items() if k.startswith("backbone.")}
