@@ -77,9 +77,10 @@ def prepare(cfg: DictConfig, log=print) -> Prepared:
         t = time.time()
 
         def build_embeddings(tmp):
-            emb = instantiate(cfg.embedder)(seq.item_text)
+            embedder = instantiate(cfg.embedder)
+            emb = embedder(seq.item_text)
             np.save(tmp / "embeddings.npy", emb)
-            return {"shape": list(emb.shape)}
+            return {"shape": list(emb.shape), "compute_dtype": str(getattr(embedder, "dtype", "float32"))}
 
         emb_path, hits["embeddings"] = cached(root, "embeddings", {"sequences": seq_path.name,
                                                                    "embedder": _plain(cfg.embedder)}, build_embeddings)

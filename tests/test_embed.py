@@ -26,7 +26,7 @@ def minilm_path():
 
 
 def test_minilm_unit_vectors_similar_texts_closer():
-    emb = MiniLM(device="cpu")(TEXTS)
+    emb = MiniLM(device="cpu", dtype="float32")(TEXTS)
     assert emb.shape == (3, 384) and emb.dtype == np.float32
     np.testing.assert_allclose(np.linalg.norm(emb, axis=1), 1.0, atol=1e-5)
     sim = emb @ emb.T
@@ -40,6 +40,17 @@ def test_minilm_unit_vectors_similar_texts_closer():
         with torch.no_grad():
             h = net(**tok(text, return_tensors="pt")).last_hidden_state[0].mean(0)
         np.testing.assert_allclose(got, (h / h.norm()).numpy(), atol=1e-5)
+
+
+def test_minilm_bf16_autocast_matches_float32():
+    fp32 = MiniLM(device="cpu", dtype="float32")(TEXTS)
+    bf16 = MiniLM(device="cpu", dtype="bfloat16")(TEXTS)
+    assert bf16.dtype == np.float32
+    cos = (fp32 * bf16).sum(1)
+    assert (cos > 0.999).all() and not np.array_equal(fp32, bf16), cos  # autocast really ran
+    assert MiniLM(device="cpu", dtype="auto").dtype in ("float32", "bfloat16")
+    with pytest.raises(ValueError, match="embedder.dtype"):
+        MiniLM(dtype="fp16")
 
 
 @pytest.fixture(scope="module")

