@@ -24,6 +24,7 @@ sys.path.insert(0, str(ROOT))
 
 from genrec.data.datamodule import LengthBatches, SeqDataModule  # noqa: E402
 from genrec.lit import GenRec  # noqa: E402
+from genrec.malloc import keep_freed_memory  # noqa: E402
 from genrec.prepare import Prepared, prepare  # noqa: E402
 
 OFFICE = ["dataset=lcrec", f"dataset.root={ROOT.parent / 'shared/data/apao-office'}", "dataset.name=Office",
@@ -65,6 +66,8 @@ class TrainStep:
     runs them (without Lightning's loop and logging)."""
 
     def __init__(self, cfg: DictConfig, data: Prepared, dm: SeqDataModule, seed: int = 0) -> None:
+        if cfg.trainer.keep_freed_memory:  # as genrec.train
+            keep_freed_memory()
         torch.manual_seed(seed)
         steps = math.ceil(len(dm.splits["train"]) / dm.batch_size)
         self.module = GenRec(cfg, data.sids, dm.item_counts(), steps).train()

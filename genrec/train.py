@@ -28,6 +28,7 @@ from genrec.data.datamodule import SeqDataModule
 from genrec.data.readers.common import DataError
 from genrec.lit import GenRec, NonFiniteLoss
 from genrec.loggers import close_wandb, log_final
+from genrec.malloc import keep_freed_memory
 from genrec.prepare import prepare
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
@@ -96,6 +97,8 @@ def run(cfg: DictConfig, objective_name: str | None = None) -> dict:
     if cfg.objective.get("ref_ckpt") == "stage1":
         run_stage1(cfg, run_dir)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
+    if cfg.trainer.keep_freed_memory:
+        keep_freed_memory()
     if cfg.trainer.deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 

@@ -164,3 +164,24 @@ def test_train_mode_forward_and_backward(name):
     logits, state = model.step(model.start(model.encode(b["history"], b["mask"])), None, None)
     logits, _ = model.step(state, torch.full((5, 2), 4), torch.zeros(5, 2, dtype=torch.long))
     assert logits.shape == (5, 2, V) and torch.isfinite(logits).all()
+
+
+@pytest.mark.parametrize("dropout, remat_users", [(0.3, 5), (0.0, 2)])
+def test_tiger_candidate_remat_matches_kept_activations(dropout, remat_users):
+    """Recomputing the candidates' decoder blocks in backward gives the same logits and gradients
+    as keeping the activations: with dropout (replayed in the recomputation) for one group of
+    users, and for groups of 2, 2, 1 users (each group draws its own dropout masks, so p = 0)."""
+
+    def run(remat):
+        model, b = make("tiger", dropout=dropout, remat_users=remat), batch()
+        model.train()
+        torch.manual_seed(1)
+        out = model.prefix_logits(model.encode(b["history"], b["mask"]), random_prefix(5, 6, 2, seed=3))
+        (out * torch.linspace(-1, 1, out.shape[-1], dtype=out.dtype)).sum().backward()
+        return out.detach(), {n: p.grad for n, p in model.named_parameters()}
+
+    kept, remat = run(None), run(remat_users)
+    torch.testing.assert_close(remat[0], kept[0], atol=1e-12, rtol=0)
+    for n, g in kept[1].items():
+        assert g is not None and g.abs().sum() > 0, n
+        torch.testing.assert_close(remat[1][n], g, atol=1e-12, rtol=0, msg=n)
