@@ -38,9 +38,10 @@ class TigerEncoding:
     states: Tensor  # [B, L, D] encoder output
     cross_kv: Tensor  # [layers, 2, B, H, L, d_kv]: each decoder layer's cross-attention K, V
 
-    def rows(self, start: int, stop: int) -> TigerEncoding:
-        """Users start..stop-1."""
-        return TigerEncoding(self.mask[start:stop], self.states[start:stop], self.cross_kv[:, :, start:stop])
+    def split(self, size: int) -> list[TigerEncoding]:
+        """Groups of `size` users (one autograd node: backward concatenates their gradients once)."""
+        parts = zip(self.mask.split(size), self.states.split(size), self.cross_kv.split(size, dim=2))
+        return [TigerEncoding(*p) for p in parts]
 
 
 @dataclass
@@ -161,11 +162,11 @@ class Tiger(Backbone):
         x = self._dropout(self.hf.decoder.embed_tokens(prefix))  # [B, N, m, D]
         bias = self._self_bias(0, m + 1, x)  # [H, m + 1, m + 1]
         remat = bool(self.remat_users) and self.training and torch.is_grad_enabled() and N > 1
+        groups = enc.split(self.remat_users) if remat else None
         for i, blk in enumerate(self.hf.decoder.block):
-            if remat:  # keep only the block's input; recompute its activations in backward, C users at a time
-                C = self.remat_users
-                parts = [checkpoint(self._candidate_block, blk, i, enc.rows(c, c + C), bias, x0[c : c + C],
-                                    x[c : c + C], use_reentrant=False) for c in range(0, B, C)]
+            if remat:  # keep only the block's input; recompute its activations in backward, a group at a time
+                parts = [checkpoint(self._candidate_block, blk, i, g, bias, a, b, use_reentrant=False)
+                         for g, a, b in zip(groups, x0.split(self.remat_users), x.split(self.remat_users))]
                 x0, x = (torch.cat(t) for t in zip(*parts))
             else:
                 x0, x = self._candidate_block(blk, i, enc, bias, x0, x)
