@@ -185,3 +185,23 @@ def test_tiger_candidate_remat_matches_kept_activations(dropout, remat_users):
     for n, g in kept[1].items():
         assert g is not None and g.abs().sum() > 0, n
         torch.testing.assert_close(remat[1][n], g, atol=1e-12, rtol=0, msg=n)
+
+
+def test_tiger_training_cross_attention_matches_sdpa(monkeypatch):
+    """Training with dropout computes cross-attention explicitly (for the 1-byte dropout masks);
+    with every dropout keeping everything it must equal the eval path (SDPA)."""
+    import genrec.models.dropout as dropout_module
+    import genrec.models.tiger as tiger_module
+
+    model, b = make("tiger", dropout=0.3), batch()
+    prefix = random_prefix(5, 6, 2, seed=3)
+    evaluated = model.prefix_logits(model.encode(b["history"], b["mask"]), prefix)
+    keep_all = lambda x, p, training=True: x  # noqa: E731
+    monkeypatch.setattr(dropout_module, "dropout", keep_all)
+    monkeypatch.setattr(tiger_module, "dropout", keep_all)
+    for m in model.modules():
+        if hasattr(m, "relative_attention_num_buckets"):  # HF T5Attention: its attention-prob dropout
+            m.dropout = 0.0
+    model.train()
+    out = model.prefix_logits(model.encode(b["history"], b["mask"]), prefix)
+    torch.testing.assert_close(out, evaluated, atol=1e-10, rtol=0)

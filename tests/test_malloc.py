@@ -17,7 +17,7 @@ def step():
     torch.relu(x @ w).pow(2).sum().backward()
 step(); step()
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-for _ in range(3):
+for _ in range(6):
     step()
 print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 """
@@ -31,5 +31,5 @@ def page_faults(mode: str) -> int:
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc only")
 def test_keep_freed_memory_avoids_page_faults():
     default, kept = page_faults("default"), page_faults("keep")
-    assert default > 3 * 8192 * 1024 * 4 / 4096, default  # glibc unmapped and re-faulted the activations
-    assert kept < default / 10, (kept, default)
+    assert default > 6 * 8192 * 1024 * 4 / 4096, default  # glibc unmapped and re-faulted the activations
+    assert kept < default / 5, (kept, default)  # at most some heap growth, not every step

@@ -69,5 +69,6 @@ class Backbone(nn.Module):
 
 def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     """s^t = log softmax(z^t / tau)[y^t]: logits [..., T, V], tokens [..., T] -> [..., T]."""
-    logp = torch.log_softmax(logits.float() / temperature, dim=-1)
+    z = logits.float()
+    logp = torch.log_softmax(z if temperature == 1.0 else z / temperature, dim=-1)
     return logp.gather(-1, tokens[..., None]).squeeze(-1)

@@ -7,7 +7,9 @@ keys/values are projected once per user in `encode`, and all N * (m + 1) decoder
 (or all K beams) of a user are the queries of one attention call against them. The
 self-attention is causal within each candidate (beam) and carries T5's relative position
 bias. Decoder input = bos + prefix. The math (and dropout placement) follows
-`transformers.models.t5.modeling_t5`; tests check it against `self.hf(...)`.
+`transformers.models.t5.modeling_t5`; tests check it against `self.hf(...)`. Dropout is
+`genrec.models.dropout` (1-byte masks on CPU). Training on N > 1 candidates (pairwise APAO,
+S-DPO) recomputes each decoder block's activations in backward, `remat_users` users at a time.
 
 `step` (beam search) is a separate one-position path. `encode` projects every layer's
 cross-attention K/V with one matmul; `start` fuses each layer's self-attention q/k/v
@@ -86,7 +88,7 @@ class Tiger(Backbone):
         """`max_positions` is accepted for the common backbone signature; T5 positions are relative.
         `remat_users`: when training on N > 1 candidates per user (pairwise APAO, S-DPO), each
         decoder block keeps only its input and recomputes its activations in backward, this many
-        users at a time (at N = 100, batch 128: 2.7 GB instead of 6.9 GB, ~30% more time);
+        users at a time (Office, N = 100, batch 128: peak 3.2 GB instead of 7.9 GB, ~28% more time);
         null keeps them."""
         super().__init__()
         self.vocab_size = vocab_size
