@@ -22,7 +22,7 @@ def log_final(logger: Logger | None, result: dict) -> None:
     """Final metrics as summary values, and (W&B) the metrics and diagnostics as tables."""
     if not isinstance(logger, WandbLogger):
         return
-    scalars = {k: v for k, v in result.items() if isinstance(v, (int, float)) and v is not None}
+    scalars = {k: v for k, v in result.items() if isinstance(v, (int, float))}
     run = logger.experiment
     run.summary.update(scalars)
     import wandb as wb
