@@ -41,9 +41,9 @@ OBJECTIVES = {
     "msl": ["objective=msl"],
     "apao-pointwise": ["objective=apao", "objective.loss=pointwise"],
     "apao-pairwise": ["objective=apao", "objective.loss=pairwise", "objective.num_negatives={N}"],
-    # the same with the decoder activations kept instead of recomputed (faster, more memory)
-    "apao-pairwise-kept": ["objective=apao", "objective.loss=pairwise", "objective.num_negatives={N}",
-                           "backbone.remat_users=null"],
+    # the same through autograd instead of the hand-written candidate-block backward
+    "apao-pairwise-autograd": ["objective=apao", "objective.loss=pairwise", "objective.num_negatives={N}",
+                               "backbone.lean_users=null"],
     "bear": ["objective=bear"],
     "sdpo": ["objective=sdpo", "objective.ref_ckpt=null", "objective.num_negatives={N}"],
 }

@@ -166,34 +166,36 @@ def test_train_mode_forward_and_backward(name):
     assert logits.shape == (5, 2, V) and torch.isfinite(logits).all()
 
 
-@pytest.mark.parametrize("dropout, remat_users", [(0.3, 5), (0.0, 2)])
-def test_tiger_candidate_remat_matches_kept_activations(dropout, remat_users):
-    """Recomputing the candidates' decoder blocks in backward gives the same logits and gradients
-    as keeping the activations: with dropout (replayed in the recomputation) for one group of
-    users, and for groups of 2, 2, 1 users (each group draws its own dropout masks, so p = 0)."""
+@pytest.mark.parametrize("dropout, N, m, users", [(0.3, 6, 2, 5), (0.3, 2, 3, 5), (0.0, 4, 1, 2)])
+def test_tiger_lean_backward_matches_autograd(dropout, N, m, users):
+    """The candidate blocks' hand-written backward (`lean_users`) gives the logits and every
+    parameter gradient of autograd through `_candidate_block`: with dropout (the same draws) for
+    one call on all 5 users, and for calls on 2, 2, 1 users (each call draws its own masks, so
+    p = 0). The variance of T5's norm is float32 in both, hence the float32-level tolerance."""
 
-    def run(remat):
-        model, b = make("tiger", dropout=dropout, remat_users=remat), batch()
+    def run(lean):
+        model, b = make("tiger", dropout=dropout, lean_users=(users if lean else None)), batch()
         model.train()
         torch.manual_seed(1)
-        out = model.prefix_logits(model.encode(b["history"], b["mask"]), random_prefix(5, 6, 2, seed=3))
-        (out * torch.linspace(-1, 1, out.shape[-1], dtype=out.dtype)).sum().backward()
+        out = model.prefix_logits(model.encode(b["history"], b["mask"]), random_prefix(5, N, m, seed=3))
+        (out * torch.randn(out.shape, generator=torch.Generator().manual_seed(2), dtype=out.dtype)).sum().backward()
         return out.detach(), {n: p.grad for n, p in model.named_parameters()}
 
-    kept, remat = run(None), run(remat_users)
-    torch.testing.assert_close(remat[0], kept[0], atol=1e-12, rtol=0)
-    for n, g in kept[1].items():
+    (out, grads), (lean_out, lean_grads) = run(False), run(True)
+    torch.testing.assert_close(lean_out, out, atol=1e-12, rtol=0)
+    for n, g in grads.items():
         assert g is not None and g.abs().sum() > 0, n
-        torch.testing.assert_close(remat[1][n], g, atol=1e-12, rtol=0, msg=n)
+        torch.testing.assert_close(lean_grads[n], g, atol=1e-7 * g.abs().max().item(), rtol=0, msg=n)
 
 
 def test_tiger_training_cross_attention_matches_sdpa(monkeypatch):
     """Training with dropout computes cross-attention explicitly (for the 1-byte dropout masks);
-    with every dropout keeping everything it must equal the eval path (SDPA)."""
+    with every dropout keeping everything it must equal the eval path (SDPA). (The autograd
+    path: `CandidateBlock` is compared with it above.)"""
     import genrec.models.dropout as dropout_module
     import genrec.models.tiger as tiger_module
 
-    model, b = make("tiger", dropout=0.3), batch()
+    model, b = make("tiger", dropout=0.3, lean_users=None), batch()
     prefix = random_prefix(5, 6, 2, seed=3)
     evaluated = model.prefix_logits(model.encode(b["history"], b["mask"]), prefix)
     keep_all = lambda x, p, training=True: x  # noqa: E731
