@@ -207,3 +207,34 @@ def test_tiger_training_cross_attention_matches_sdpa(monkeypatch):
     model.train()
     out = model.prefix_logits(model.encode(b["history"], b["mask"]), prefix)
     torch.testing.assert_close(out, evaluated, atol=1e-10, rtol=0)
+
+
+@pytest.mark.parametrize("name, over", [("tiger", {}), ("tiger", {"lean_users": 2}), ("llama", {})])
+@pytest.mark.parametrize("m", [0, 2])
+def test_prefix_logprobs_equal_log_softmax_of_prefix_logits(name, over, m):
+    """The backbones' own `prefix_logprobs` (no logits tensor) against log_softmax + gather of
+    `prefix_logits`, in training mode with dropout (the same draws), with temperature: values
+    and every parameter's gradient."""
+    N, tau = 4, 2.0
+    prefix = random_prefix(5, N, m, seed=4)
+    tokens = SIDS.item_tokens()[torch.randint(60, (5, N), generator=torch.Generator().manual_seed(5))][..., : m + 1]
+    coef = torch.randn(5, N, m + 1, dtype=torch.float64, generator=torch.Generator().manual_seed(6))
+
+    def run(fast):
+        model, b = make(name, dropout=0.3, **over), batch()
+        model.train()
+        torch.manual_seed(1)
+        enc = model.encode(b["history"], b["mask"])
+        if fast:
+            s = model.prefix_logprobs(enc, prefix, tokens, tau)
+        else:
+            s = torch.log_softmax(model.prefix_logits(enc, prefix) / tau, -1).gather(-1, tokens[..., None])[..., 0]
+        (s * coef).sum().backward()
+        return s.detach(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+
+    (s, grads), (ref, ref_grads) = run(True), run(False)
+    assert s.shape == (5, N, m + 1) and s.dtype == torch.float64
+    torch.testing.assert_close(s, ref, atol=1e-10, rtol=0)
+    assert grads.keys() == ref_grads.keys()
+    for n, g in ref_grads.items():
+        torch.testing.assert_close(grads[n], g, atol=1e-9 * max(g.abs().max().item(), 1), rtol=0, msg=n)

@@ -15,7 +15,7 @@ from genrec.eval import metrics
 from genrec.eval.beam import beam_search
 from genrec.eval.fullrank import full_scores, rank_of
 from genrec.eval.trie import Trie
-from genrec.models.base import Backbone, token_logprobs
+from genrec.models.base import Backbone
 
 
 class Evaluator:
@@ -39,8 +39,8 @@ class Evaluator:
         target_pid = trie.cand_prefix_id[target]  # [B, T + 1]
         kept = res.prefix_ids  # step m: [B, K_m]
         prefix_hit = torch.stack([(p == target_pid[:, m + 1, None]).any(1) for m, p in enumerate(kept)], 1)
-        logits = backbone.prefix_logits(enc, batch["target"][:, None, :-1])[:, 0]  # same encoding, teacher forced
-        loss = -token_logprobs(logits, batch["target"]).mean(-1)
+        target_tokens = batch["target"][:, None]  # teacher forced on the same encoding
+        loss = -backbone.prefix_logprobs(enc, target_tokens[..., :-1], target_tokens)[:, 0].mean(-1)
         rows = {"index": batch["index"], "rank": rank, "prefix_hit": prefix_hit, "loss": loss}
         if self.full_rank:
             rows["full_rank"] = rank_of(full_scores(backbone, enc, trie, self.chunk), target)

@@ -14,6 +14,9 @@ Contract (B users, N candidates per user, m prefix tokens, V vocabulary):
   Position j holds the logits for target token j given bos + prefix[:j]. So the
   teacher-forced logits of full targets y [B, T] are
   `prefix_logits(enc, y[:, None, :-1])[:, 0]` -> [B, T, V]; m may be 0 (first step only).
+- `prefix_logprobs(enc, prefix [B, N, m], tokens [B, N, m + 1], temperature) -> [B, N, m + 1]`:
+  the log-probs of `tokens` at those positions, `token_logprobs(prefix_logits(...), tokens)`.
+  Backbones override it to score many candidates without the [B, N, m + 1, V] logits.
 - `start(enc) -> state` and `step(state, tokens [B, K] | None, parents [B, K] | None)
   -> (logits [B, K, V], state)`: incremental decoding for beam search. The first call
   passes tokens=None and returns the first-token logits with K=1. Each later call
@@ -50,6 +53,10 @@ class Backbone(nn.Module):
 
     def prefix_logits(self, enc: Any, prefix: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
+
+    def prefix_logprobs(self, enc: Any, prefix: torch.Tensor, tokens: torch.Tensor,
+                        temperature: float = 1.0) -> torch.Tensor:
+        return token_logprobs(self.prefix_logits(enc, prefix), tokens, temperature)
 
     def target_logits(self, history: torch.Tensor, mask: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """Teacher-forced logits [B, T, V] for targets [B, T] (one encoder pass)."""

@@ -22,6 +22,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from genrec.models.base import BOS, EOS, PAD, Backbone
+from genrec.models.head import head_logprobs
 
 KV = list[tuple[Tensor, Tensor]]  # per layer (keys, values)
 
@@ -132,15 +133,30 @@ class Llama(Backbone):
         kv = [(k[:, 0], v[:, 0]) for k, v in cache]
         return LlamaEncoding(mask, mask.sum(-1), kv, self.hf.lm_head(x[:, 0, -1]))
 
+    def _prefix_states(self, enc: LlamaEncoding, prefix: Tensor) -> Tensor:
+        """Final hidden states [B, N, m, D] of the N prefixes [B, N, m] after the shared history."""
+        m = prefix.shape[-1]
+        pos = enc.length[:, None, None] + torch.arange(m, device=prefix.device)
+        causal = torch.ones(m, m, dtype=torch.bool, device=prefix.device).tril()
+        return self._forward(prefix, pos, causal, enc, None)[0]
+
     def prefix_logits(self, enc: LlamaEncoding, prefix: Tensor) -> Tensor:
         B, N, m = prefix.shape
         first = enc.logits[:, None, None].expand(B, N, 1, -1)
         if m == 0:
             return first
-        pos = enc.length[:, None, None] + torch.arange(m, device=prefix.device)
-        causal = torch.ones(m, m, dtype=torch.bool, device=prefix.device).tril()
-        x, _ = self._forward(prefix, pos, causal, enc, None)
-        return torch.cat([first, self.hf.lm_head(x)], 2)
+        return torch.cat([first, self.hf.lm_head(self._prefix_states(enc, prefix))], 2)
+
+    def prefix_logprobs(self, enc: LlamaEncoding, prefix: Tensor, tokens: Tensor, temperature: float = 1.0) -> Tensor:
+        """Straight from the final hidden states (`genrec.models.head`: no [B, N, m + 1, V] tensor)."""
+        B, N, m = prefix.shape
+        z = enc.logits.to(torch.promote_types(enc.logits.dtype, torch.float32)) / temperature
+        first = torch.log_softmax(z, -1).gather(1, tokens[..., 0])[..., None]  # [B, N, 1]
+        if m == 0:
+            return first
+        rows = torch.arange(B * N * m, device=prefix.device).view(B, N, m)
+        h = self._prefix_states(enc, prefix).flatten(0, 2)
+        return torch.cat([first, head_logprobs(h, self.hf.lm_head.weight, rows, tokens[..., 1:], temperature)], -1)
 
     def start(self, enc: LlamaEncoding) -> LlamaState:
         return LlamaState(enc, None)

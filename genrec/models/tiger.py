@@ -32,6 +32,7 @@ from transformers import T5Config, T5ForConditionalGeneration
 
 from genrec.models.base import BOS, EOS, PAD, Backbone
 from genrec.models.dropout import dropout, replace_dropout
+from genrec.models.head import head_logprobs
 from genrec.models.tiger_backward import CandidateBlock
 
 
@@ -145,34 +146,49 @@ class Tiger(Backbone):
         x = x + self._dropout(att.o(y.transpose(1, 2).flatten(-2)))
         return ff(x)  # T5LayerFF: norm, wi, act, dropout, wo, dropout, residual
 
-    def _lm_head(self, x: Tensor) -> Tensor:
+    def _head_input(self, x: Tensor) -> Tensor:
+        """The lm_head's input for decoder states x: final norm, dropout, T5's rescaling."""
         x = self._dropout(self.hf.decoder.final_layer_norm(x))
         if self.hf.config.scale_decoder_outputs:  # tied embeddings: T5 rescales before lm_head
             x = x * self.hf.config.d_model**-0.5
-        return self.hf.lm_head(x)
+        return x
 
     def prefix_logits(self, enc: TigerEncoding, prefix: Tensor) -> Tensor:
-        """Decoder logits [B, N, m + 1, V] for bos + prefix [B, N, m]. The bos position is the
-        same for all N candidates of a user, so it is decoded once per user and its key/value
-        shared by the candidates' self-attention (a quarter fewer decoder positions at T = 4)."""
+        B, N, m = prefix.shape
+        z = self.hf.lm_head(self._decode(enc, prefix))  # [B, 1 + N m, V]
+        return torch.cat([z[:, :1, None].expand(B, N, 1, -1), z[:, 1:].view(B, N, m, z.shape[-1])], 2)
+
+    def prefix_logprobs(self, enc: TigerEncoding, prefix: Tensor, tokens: Tensor, temperature: float = 1.0) -> Tensor:
+        """Straight from the head's input rows (`genrec.models.head`: no [B, N, m + 1, V] tensor)."""
+        B, N, m = prefix.shape
+        h = self._decode(enc, prefix)
+        R = h.shape[1]
+        pos = torch.cat([prefix.new_zeros(N, 1), 1 + torch.arange(N * m, device=prefix.device).view(N, m)], 1)
+        rows = torch.arange(B, device=prefix.device)[:, None, None] * R + pos  # [B, N, m + 1]
+        return head_logprobs(h.flatten(0, 1), self.hf.lm_head.weight, rows, tokens, temperature)
+
+    def _decode(self, enc: TigerEncoding, prefix: Tensor) -> Tensor:
+        """The lm_head's inputs [B, 1 + N m, D] for bos + prefix [B, N, m]: per user the bos row,
+        then candidate n's position j at row 1 + n m + j. The bos position is the same for all N
+        candidates of a user, so it is decoded once per user and its key/value shared by the
+        candidates' self-attention (a quarter fewer decoder positions at T = 4)."""
         B, N, m = prefix.shape
         x0 = self._dropout(self.hf.decoder.embed_tokens(prefix.new_full((B, 1, 1), BOS)))  # [B, 1, 1, D]
         x = self._dropout(self.hf.decoder.embed_tokens(prefix))  # [B, N, m, D]
         bias = self._self_bias(0, m + 1, x)  # [H, m + 1, m + 1]
-        lean = (self.lean_users and N > 1 and self.training and torch.is_grad_enabled()
+        z = torch.cat([x0.reshape(B, 1, -1), x.reshape(B, N * m, x.shape[-1])], 1)
+        lean = (self.lean_users and N > 1 and m > 0 and self.training and torch.is_grad_enabled()
                 and not torch.is_autocast_enabled(x.device.type) and self.hf.config.feed_forward_proj == "relu")
-        if lean:  # rows [B, 1 + N m, D]: bos, then the candidates' positions
-            z = torch.cat([x0.reshape(B, 1, -1), x.reshape(B, N * m, -1)], 1)
+        if lean:
             p, users = self.hf.config.dropout_rate, self.lean_users
             for i, blk in enumerate(self.hf.decoder.block):
                 w, eps, (ck, cv) = self._block_weights(blk), blk.layer[0].layer_norm.variance_epsilon, enc.cross_kv[i]
                 z = torch.cat([CandidateBlock.apply(*g, bias, p, eps, *w) for g in
                                zip(z.split(users), ck.split(users), cv.split(users), enc.mask.split(users))])
-            x0, x = z[:, :1].reshape(x0.shape), z[:, 1:].reshape(x.shape)
         else:
             for i, blk in enumerate(self.hf.decoder.block):
-                x0, x = self._candidate_block(blk, i, enc, bias, x0, x)
-        return torch.cat([self._lm_head(x0).expand(B, N, 1, -1), self._lm_head(x)], 2)
+                z = self._candidate_block(blk, i, enc, bias, z, N, m)
+        return self._head_input(z)
 
     @staticmethod
     def _block_weights(blk) -> list[Tensor]:
@@ -182,12 +198,12 @@ class Tiger(Backbone):
                 ca.layer_norm.weight, ca.EncDecAttention.q.weight, ca.EncDecAttention.o.weight,
                 ff.layer_norm.weight, ff.DenseReluDense.wi.weight, ff.DenseReluDense.wo.weight]
 
-    def _candidate_block(self, blk, i: int, enc: TigerEncoding, bias: Tensor, x0: Tensor,
-                         x: Tensor) -> tuple[Tensor, Tensor]:
-        """Decoder layer i for the shared bos x0 [B, 1, 1, D] and the candidates' positions x [B, N, m, D]."""
-        B, N, m, D = x.shape
+    def _candidate_block(self, blk, i: int, enc: TigerEncoding, bias: Tensor, z: Tensor, N: int, m: int) -> Tensor:
+        """Decoder layer i (autograd) for rows z [B, 1 + N m, D]: the shared bos, then the candidates' positions."""
+        B, _, D = z.shape
         sa, att = blk.layer[0], blk.layer[0].SelfAttention
-        h0, h = sa.layer_norm(x0), sa.layer_norm(x)
+        h = sa.layer_norm(z)
+        h0, h = h[:, :1, None], h[:, 1:].view(B, N, m, D)
         q0, k0, v0 = (self._heads(f(h0)) for f in (att.q, att.k, att.v))  # [B, 1, H, 1, d]
         q, k, v = (self._heads(f(h)) for f in (att.q, att.k, att.v))  # [B, N, H, m, d]
         # bos attends to itself; prefix position j to bos and to its own row's positions <= j (T5: no 1/sqrt(d))
@@ -195,10 +211,9 @@ class Tiger(Backbone):
         s = torch.cat([(q * k0).sum(-1, keepdim=True), q @ k.transpose(-1, -2)], -1) + bias[:, 1:]
         a = self._dropout(s.softmax(-1))
         y = a[..., :1] * v0 + a[..., 1:] @ v
-        x0 = x0 + self._dropout(att.o(y0.transpose(-2, -3).flatten(-2)))
-        x = x + self._dropout(att.o(y.transpose(-2, -3).flatten(-2)))
-        both = self._cross_ff(blk, torch.cat([x0.reshape(B, 1, D), x.reshape(B, N * m, D)], 1), enc, i)
-        return both[:, :1].reshape(B, 1, 1, D), both[:, 1:].reshape(B, N, m, D)
+        x0 = z[:, :1] + self._dropout(att.o(y0.transpose(-2, -3).flatten(-2))).reshape(B, 1, D)
+        x = z[:, 1:] + self._dropout(att.o(y.transpose(-2, -3).flatten(-2))).reshape(B, N * m, D)
+        return self._cross_ff(blk, torch.cat([x0, x], 1), enc, i)
 
     def start(self, enc: TigerEncoding) -> TigerState:
         atts = [blk.layer[0].SelfAttention for blk in self.hf.decoder.block]
@@ -227,4 +242,4 @@ class Tiger(Backbone):
             y = sum(_mix(p[..., [s]], c[i, 1], j) for s, (c, j) in enumerate(zip(cache, idx)))  # [B, H, K, d]
             x = x + self._dropout(sa.SelfAttention.o(y.transpose(1, 2).flatten(-2)))
             x = self._cross_ff(blk, x, enc, i)
-        return self._lm_head(x), TigerState(enc, state.qkv, cache, anc)
+        return self.hf.lm_head(self._head_input(x)), TigerState(enc, state.qkv, cache, anc)

@@ -133,9 +133,12 @@ class APAO(CE):
             enc = backbone.encode(batch["history"], batch["mask"])
             negs = self.negatives.sample(batch, self.num_negatives, backbone, enc)  # [B, N]
             tokens = torch.cat([target[:, None], self.negatives.cand_tokens.to(target.device)[negs]], 1)
-            logits = backbone.prefix_logits(enc, self.prefixes(tokens))  # [B, 1 + N, T(+1), V]
-            s = token_logprobs(logits, self.scored(tokens), self.temperature)
-            ce, pos_logits = -s[:, 0].mean(), logits[:, 0]
+            if self.bear is None:  # log-probs without the [B, 1 + N, T(+1), V] logits
+                s = backbone.prefix_logprobs(enc, self.prefixes(tokens), self.scored(tokens), self.temperature)
+            else:  # BEAR needs the positive's logits
+                logits = backbone.prefix_logits(enc, self.prefixes(tokens))
+                s, pos_logits = token_logprobs(logits, self.scored(tokens), self.temperature), logits[:, 0]
+            ce = -s[:, 0].mean()
             S = s[..., :T].cumsum(-1) / self.prefix_temperature  # [B, 1 + N, T]
             cands = torch.cat([batch["target_cand"][:, None], negs], 1)
             masked = collision_mask(trie.cand_prefix_id[cands][..., 1:])[:, 1:]

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from genrec.models.base import Backbone, token_logprobs
+from genrec.models.base import Backbone
 
 M32 = 0xFFFFFFFF
 
@@ -96,7 +96,7 @@ class Negatives(nn.Module):
     def hard(self, index: torch.Tensor, target: torch.Tensor, num: int, backbone: Backbone, enc: Any) -> torch.Tensor:
         pool = self.uniform(index, target, max(self.pool, num))  # [B, P]
         tokens = self.cand_tokens.to(index.device)[pool]  # [B, P, T]
-        score = token_logprobs(backbone.prefix_logits(enc, tokens[..., :-1]), tokens).sum(-1)
+        score = backbone.prefix_logprobs(enc, tokens[..., :-1], tokens).sum(-1)
         return pool.gather(1, score.topk(num, dim=1).indices)
 
     def sample(self, batch: dict, num: int, backbone: Backbone | None = None, enc: Any = None) -> torch.Tensor:

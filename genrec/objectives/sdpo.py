@@ -97,11 +97,14 @@ class SDPO(Objective):
         enc = backbone.encode(batch["history"], batch["mask"])
         negs = self.negatives.sample(batch, self.num_negatives, backbone, enc)
         tokens = torch.cat([target[:, None], self.negatives.cand_tokens.to(target.device)[negs]], 1)  # [B, 1 + N, T]
-        logits = backbone.prefix_logits(enc, tokens[..., :-1])
-        logp = token_logprobs(logits, tokens).sum(-1)  # [B, 1 + N]
+        if self.bear:  # BEAR needs every candidate's logits
+            logits = backbone.prefix_logits(enc, tokens[..., :-1])
+            logp = token_logprobs(logits, tokens).sum(-1)  # [B, 1 + N]
+        else:
+            logp = backbone.prefix_logprobs(enc, tokens[..., :-1], tokens).sum(-1)
         with torch.no_grad():
-            ref_logits = self.ref.prefix_logits(self.ref.encode(batch["history"], batch["mask"]), tokens[..., :-1])
-            ref_logp = token_logprobs(ref_logits, tokens).sum(-1)
+            ref_enc = self.ref.encode(batch["history"], batch["mask"])
+            ref_logp = self.ref.prefix_logprobs(ref_enc, tokens[..., :-1], tokens).sum(-1)
         r = logp - ref_logp
         dpo = F.softplus(torch.logsumexp(self.beta_dpo * (r[:, 1:] - r[:, :1]), 1)).mean()
         terms = {"sdpo/dpo": dpo.detach(), "sdpo/margin": (r[:, :1] - r[:, 1:]).mean().detach()}
