@@ -174,10 +174,12 @@ def test_tiger_lean_backward_matches_autograd(dropout, N, m, users):
     p = 0). The variance of T5's norm is float32 in both, hence the float32-level tolerance."""
 
     def run(lean):
-        model, b = make("tiger", dropout=dropout, lean_users=(users if lean else None)), batch()
+        model, b = make("tiger", dropout=dropout, lean_users=users), batch()
         model.train()
         torch.manual_seed(1)
-        out = model.prefix_logits(model.encode(b["history"], b["mask"]), random_prefix(5, N, m, seed=3))
+        enc = model.encode(b["history"], b["mask"])  # the lean encoder in both runs: the same draws
+        model.lean_users = users if lean else None
+        out = model.prefix_logits(enc, random_prefix(5, N, m, seed=3))
         (out * torch.randn(out.shape, generator=torch.Generator().manual_seed(2), dtype=out.dtype)).sum().backward()
         return out.detach(), {n: p.grad for n, p in model.named_parameters()}
 
@@ -186,6 +188,54 @@ def test_tiger_lean_backward_matches_autograd(dropout, N, m, users):
     for n, g in grads.items():
         assert g is not None and g.abs().sum() > 0, n
         torch.testing.assert_close(lean_grads[n], g, atol=1e-7 * g.abs().max().item(), rtol=0, msg=n)
+
+
+def test_tiger_encoder_block_gradcheck_with_dropout(monkeypatch):
+    """`EncoderBlock`'s hand-written backward against finite differences (float64), with dropout
+    (the same masks in every evaluation: the seeds come from torch's RNG, reset each call), padded
+    keys and a position bias that receives its gradient. The norms' variance runs in float64 here
+    (T5 takes it in float32, too coarse for finite differences)."""
+    import genrec.models.tiger_backward as tb
+    from genrec.models.tiger_backward import EncoderBlock
+
+    monkeypatch.setattr(tb, "_rstd", lambda z, eps: torch.rsqrt(z.pow(2).mean(-1, keepdim=True) + eps))
+
+    g = torch.Generator().manual_seed(0)
+    B, L, D, H, d, F = 2, 5, 6, 2, 3, 8
+    mask = torch.ones(B, L, dtype=torch.bool)
+    mask[0, :2] = False  # left padding
+    shapes = [(D,), (3 * H * d, D), (D, H * d), (D,), (F, D), (D, F)]
+    weights = [torch.randn(s, dtype=torch.float64, generator=g, requires_grad=True) for s in shapes]
+    x = torch.randn(B, L, D, dtype=torch.float64, generator=g, requires_grad=True)
+    bias = torch.randn(1, H, L, L, dtype=torch.float64, generator=g, requires_grad=True)
+
+    def block(x, bias, *w):
+        torch.manual_seed(7)
+        return EncoderBlock.apply(x, bias, mask, 0.3, 1e-6, *w)
+
+    out = block(x, bias, *weights)
+    assert not torch.equal(out, EncoderBlock.apply(x, bias, mask, 0.0, 1e-6, *weights))  # dropout is active
+    assert torch.autograd.gradcheck(block, (x, bias, *weights))
+
+
+def test_tiger_lean_encoder_matches_hf():
+    """The training encoder (`EncoderBlock`s) equals HF's T5 encoder at dropout 0 in training mode:
+    the encoding and every encoder parameter's gradient (HF back-propagates through the norms'
+    float32 variance, hence the float32-level tolerance on gradients)."""
+
+    def run(lean):
+        model, b = make("tiger", dropout=0.0, lean_users=(4 if lean else None)), batch()
+        model.train()
+        enc = model.encode(b["history"], b["mask"])
+        w = torch.randn(enc.cross_kv.shape, generator=torch.Generator().manual_seed(2), dtype=enc.cross_kv.dtype)
+        ((enc.cross_kv * w).sum() + enc.states.square().sum()).backward()
+        return enc.states.detach(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+
+    (states, grads), (ref, ref_grads) = run(True), run(False)
+    torch.testing.assert_close(states, ref, atol=1e-10, rtol=0)
+    assert grads.keys() == ref_grads.keys() and any("relative_attention_bias" in n for n in grads)
+    for n, g in ref_grads.items():
+        torch.testing.assert_close(grads[n], g, atol=1e-7 * g.abs().max().item(), rtol=0, msg=n)
 
 
 def test_tiger_training_cross_attention_matches_sdpa(monkeypatch):

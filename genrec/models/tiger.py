@@ -1,7 +1,7 @@
 """TIGER: a T5 encoder-decoder over SID tokens (built from config, never downloaded).
 
 The HF model is kept as `self.hf` (so `self.hf.generate` runs on the same weights). The
-encoder is HF's own; the decoder is re-written here on HF's modules so that the N target
+encoder is HF's own (in training, the same math in `EncoderBlock`s); the decoder is re-written here on HF's modules so that the N target
 prefixes of a user share that user's encoding: each decoder layer's cross-attention
 keys/values are projected once per user in `encode`, and all N * (m + 1) decoder positions
 (or all K beams) of a user are the queries of one attention call against them. The
@@ -9,8 +9,9 @@ self-attention is causal within each candidate (beam) and carries T5's relative 
 bias. Decoder input = bos + prefix. The math (and dropout placement) follows
 `transformers.models.t5.modeling_t5`; tests check it against `self.hf(...)`. Dropout is
 `genrec.models.dropout` (1-byte masks on CPU). Training on N > 1 candidates (pairwise APAO,
-S-DPO) runs each decoder block as `genrec.models.tiger_backward.CandidateBlock`, whose
-hand-written backward keeps ~8 KB per position and layer instead of autograd's ~28 KB.
+S-DPO) runs each decoder block as `genrec.models.tiger_backward.CandidateBlock`, and every
+training encoder pass its blocks as `EncoderBlock`: hand-written backward passes that keep
+~6-8 KB per position and layer instead of autograd's ~28 KB.
 
 `step` (beam search) is a separate one-position path. `encode` projects every layer's
 cross-attention K/V with one matmul; `start` fuses each layer's self-attention q/k/v
@@ -33,7 +34,7 @@ from transformers import T5Config, T5ForConditionalGeneration
 from genrec.models.base import BOS, EOS, PAD, Backbone
 from genrec.models.dropout import dropout, replace_dropout
 from genrec.models.head import head_logprobs
-from genrec.models.tiger_backward import CandidateBlock
+from genrec.models.tiger_backward import CandidateBlock, EncoderBlock
 
 
 @dataclass
@@ -83,10 +84,11 @@ class Tiger(Backbone):
         lean_users: int | None = 16,
     ) -> None:
         """`max_positions` is accepted for the common backbone signature; T5 positions are relative.
-        `lean_users`: when training on N > 1 candidates per user (pairwise APAO, S-DPO) without
-        autocast, the decoder blocks run as `CandidateBlock` (hand-written backward, a third of
-        autograd's memory), on this many users at a time (bounding the temporaries); null:
-        autograd through `_candidate_block`."""
+        `lean_users`: training (without autocast) runs the encoder blocks and, on N > 1 candidates
+        per user (pairwise APAO, S-DPO), the decoder blocks with hand-written backward passes
+        (`genrec.models.tiger_backward`: about a quarter of autograd's activation memory), the
+        candidate blocks on this many users per call (bounding the temporaries); null: autograd
+        through the HF modules."""
         super().__init__()
         self.vocab_size = vocab_size
         self.max_positions = max_positions
@@ -117,13 +119,33 @@ class Tiger(Backbone):
     def _dropout(self, x: Tensor) -> Tensor:
         return dropout(x, self.hf.config.dropout_rate, self.training)
 
+    def _lean(self, x: Tensor) -> bool:
+        """Train through the hand-written block backward (`genrec.models.tiger_backward`)?"""
+        return bool(self.lean_users and self.training and torch.is_grad_enabled()
+                    and not torch.is_autocast_enabled(x.device.type) and self.hf.config.feed_forward_proj == "relu")
+
     def encode(self, history: Tensor, mask: Tensor) -> TigerEncoding:
         mask = mask.bool()
-        states = self.hf.encoder(input_ids=history, attention_mask=mask).last_hidden_state
+        if self._lean(history):
+            states = self._lean_encoder(history, mask)
+        else:
+            states = self.hf.encoder(input_ids=history, attention_mask=mask).last_hidden_state
         cross = [blk.layer[1].EncDecAttention for blk in self.hf.decoder.block]
         w = torch.cat([torch.cat([a.k.weight, a.v.weight]) for a in cross])  # all layers' K, V: one matmul
         kv = F.linear(states, w).unflatten(-1, (len(cross), 2, self.n_heads, self.d_kv))  # [B, L, layers, 2, H, d]
         return TigerEncoding(mask, states, kv.permute(2, 3, 0, 4, 1, 5))
+
+    def _lean_encoder(self, history: Tensor, mask: Tensor) -> Tensor:
+        """HF's T5 encoder forward, its blocks as `EncoderBlock`s."""
+        enc, L = self.hf.encoder, history.shape[1]
+        x = self._dropout(enc.embed_tokens(history))
+        bias = enc.block[0].layer[0].SelfAttention.compute_bias(L, L, device=x.device).to(x.dtype)  # [1, H, L, L]
+        for blk in enc.block:
+            (sa, ff), att = blk.layer, blk.layer[0].SelfAttention
+            weights = [sa.layer_norm.weight, torch.cat([att.q.weight, att.k.weight, att.v.weight]), att.o.weight,
+                       ff.layer_norm.weight, ff.DenseReluDense.wi.weight, ff.DenseReluDense.wo.weight]
+            x = EncoderBlock.apply(x, bias, mask, self.hf.config.dropout_rate, sa.layer_norm.variance_epsilon, *weights)
+        return self._dropout(enc.final_layer_norm(x))
 
     def _self_bias(self, past: int, S: int, like: Tensor) -> Tensor:
         """Relative position bias + causal mask for S new positions after `past`: [H, S, past + S]."""
@@ -177,9 +199,7 @@ class Tiger(Backbone):
         x = self._dropout(self.hf.decoder.embed_tokens(prefix))  # [B, N, m, D]
         bias = self._self_bias(0, m + 1, x)  # [H, m + 1, m + 1]
         z = torch.cat([x0.reshape(B, 1, -1), x.reshape(B, N * m, x.shape[-1])], 1)
-        lean = (self.lean_users and N > 1 and m > 0 and self.training and torch.is_grad_enabled()
-                and not torch.is_autocast_enabled(x.device.type) and self.hf.config.feed_forward_proj == "relu")
-        if lean:
+        if N > 1 and m > 0 and self._lean(x):
             p, users = self.hf.config.dropout_rate, self.lean_users
             for i, blk in enumerate(self.hf.decoder.block):
                 w, eps, (ck, cv) = self._block_weights(blk), blk.layer[0].layer_norm.variance_epsilon, enc.cross_kv[i]

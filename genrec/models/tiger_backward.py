@@ -1,20 +1,22 @@
-"""One TIGER decoder block over N candidate prefixes per user, with a hand-written backward.
+"""TIGER's encoder blocks and decoder candidate blocks, with hand-written backward passes.
 
-Training on N > 1 candidates (pairwise APAO, S-DPO: N = 100) decodes ~300 positions per user,
-so what autograd keeps for backward dominates memory (~28 KB per position and layer: every
-norm, projection, softmax and dropout output). This block keeps ~8 KB: the three sub-layer
-inputs, the self-attention q/k/v, the cross-attention queries and log-normalisers, and the
-dropout seeds. Backward re-derives the rest: norms, softmaxes and masks (elementwise), the
-feed-forward hidden layer (one matmul, wi) and the cross-attention scores and outputs (over
-the history); no projection but wi is recomputed.
+What autograd keeps for backward dominates training memory (~28 KB per position and layer at the
+default size: every norm, projection, softmax and dropout output). These blocks keep the three (two
+in the encoder) sub-layer inputs, the fused self-attention q/k/v, the cross-attention queries, the
+attention log-normalisers and the dropout seeds (~6-8 KB). Backward re-derives the rest: norms,
+softmaxes and masks (elementwise), the feed-forward hidden layer (one matmul, wi) and the attention
+probabilities (one q k^T per attention); no other projection is recomputed.
 
-Same math and the same dropout draws, in the same order, as `Tiger._candidate_block` (the
-autograd reference; tests compare values and gradients). T5 layout: pre-norm residual
-sub-layers, RMS norm without bias, no 1/sqrt(d) in attention, relative position bias in the
-self-attention, ReLU feed-forward. Shapes: B users, N candidates, m prefix positions plus the
-shared bos (decoded once per user), R = 1 + N m rows per user, model width D, H heads of
-width d, L history tokens, F feed-forward width. In the self-attention bos attends to itself
-and prefix position j to bos and to its own candidate's positions <= j (causal -inf in `bias`).
+`EncoderBlock`: one T5 encoder layer over a batch of histories (training pass of `Tiger.encode`).
+`CandidateBlock`: one decoder layer over N candidate prefixes per user (pairwise APAO, S-DPO: N = 100
+decodes ~300 positions per user). Same math and the same dropout draws, in the same order, as the
+autograd references (`Tiger._candidate_block`, HF's encoder at dropout 0); tests compare values and
+gradients (and gradcheck the encoder block with dropout). T5 layout: pre-norm residual sub-layers,
+RMS norm without bias, no 1/sqrt(d) in attention, relative position bias in the self-attention,
+ReLU feed-forward. Shapes: B users, L history tokens, model width D, H heads of width d,
+F feed-forward width; candidate blocks: N candidates, m prefix positions plus the shared bos
+(decoded once per user), R = 1 + N m rows per user. In the candidates' self-attention bos attends
+to itself and prefix position j to bos and to its own candidate's positions <= j (causal -inf in `bias`).
 """
 
 from __future__ import annotations
@@ -68,6 +70,55 @@ class _Masks:
         return self.apply(x, self.keep(i, x.shape))
 
 
+def _scores(q: Tensor, k: Tensor, bias: Tensor | None, mask: Tensor) -> Tensor:
+    """Attention scores q k^T (+ bias) [B, H, S, L] with the keys outside mask [B, L] at -inf."""
+    s = q @ k.transpose(-1, -2)
+    if bias is not None:
+        s = s.add_(bias)
+    return s.masked_fill_(~mask[:, None, None], float("-inf"))
+
+
+def _attend(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, mask: Tensor, drop: _Masks, i: int):
+    """softmax(q k^T + bias) with dropout mask i, times v: (y [B, H, S, d], lse [B, H, S, 1])."""
+    s = _scores(q, k, bias, mask)
+    lse = s.logsumexp(-1, keepdim=True)
+    return drop.drop(i, s.sub_(lse).exp_()) @ v, lse
+
+
+def _attend_backward(g_y: Tensor, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, mask: Tensor,
+                     lse: Tensor, drop: _Masks, i: int):
+    """`_attend`'s output y again and the gradients (d_q, d_k, d_v, d_scores) from g_y = dL/dy."""
+    P = _scores(q, k, bias, mask).sub_(lse).exp_()
+    keep = drop.keep(i, P.shape)
+    Pd = drop.apply(P.clone(), keep)
+    y, d_v = Pd @ v, Pd.transpose(-1, -2) @ g_y
+    del Pd
+    g_P = drop.apply(g_y @ v.transpose(-1, -2), keep)
+    g_s = g_P.sub_((g_P * P).sum(-1, keepdim=True)).mul_(P)
+    return y, g_s @ k, g_s.transpose(-1, -2) @ q, d_v, g_s
+
+
+def _ff(z: Tensor, eps: float, g_ff: Tensor, w_i: Tensor, w_of: Tensor, drop: _Masks, i: int) -> tuple[Tensor, Tensor]:
+    """Feed-forward sub-layer z + drop_{i+1}(drop_i(relu(norm(z) g_ff wi^T)) wo^T) and norm's 1/RMS."""
+    rf = _rstd(z, eps)
+    u = drop.drop(i, ((z * rf * g_ff) @ w_i.T).relu_())
+    return drop.drop(i + 1, u @ w_of.T).add_(z), rf
+
+
+def _ff_backward(g: Tensor, z: Tensor, rf: Tensor, g_ff: Tensor, w_i: Tensor, w_of: Tensor, drop: _Masks, i: int):
+    """`_ff`'s gradients (d_z, d_gff, d_wi, d_wof) from g = dL/d(output); recomputes the hidden layer."""
+    hf = z * rf * g_ff
+    u = drop.drop(i, (hf @ w_i.T).relu_())
+    gw = drop.drop(i + 1, g.clone())
+    d_wof = _wgrad(gw, u)
+    g_pre = torch.ops.aten.threshold_backward(gw @ w_of, u, 0).mul_(drop.scale if drop.p else 1.0)  # relu passed, kept
+    del u
+    d_wi, g_hf = _wgrad(g_pre, hf), g_pre @ w_i
+    del g_pre
+    d_gff = _rowsum(g_hf * z * rf)
+    return _norm_backward(g_hf.mul_(g_ff), z, rf).add_(g), d_gff, d_wi, d_wof
+
+
 def _self_attention(qkv: Tensor, bias: Tensor, drop: _Masks, N: int, m: int):
     """Candidates' self-attention from the fused projections qkv [B, R, 3 H d] (bos first): the
     probabilities a [B, N, H, m, m + 1] (key 0 = bos), their dropped version ad, the outputs as
@@ -97,6 +148,61 @@ def _row_keep(drop: _Masks, B: int, N: int, m: int, D: int) -> Tensor | None:
     return None if k0 is None else torch.cat([k0.reshape(B, 1, D), k.reshape(B, N * m, D)], 1)
 
 
+def _heads(x: Tensor, H: int) -> Tensor:
+    """[B, S, H d] -> [B, H, S, d]."""
+    return x.unflatten(-1, (H, -1)).transpose(1, 2)
+
+
+def _rows(y: Tensor) -> Tensor:
+    """[B, H, S, d] -> [B, S, H d]."""
+    return y.transpose(1, 2).flatten(-2)
+
+
+class EncoderBlock(torch.autograd.Function):
+    """`EncoderBlock.apply(x, bias, mask, p, eps, *weights)` -> x'.
+
+    x [B, L, D] the histories' states; bias [1, H, L, L] relative position bias (its gradient is
+    returned: it is a learned embedding); mask [B, L] bool, the real tokens (padding keys get
+    -inf); p the dropout rate; eps the norms' epsilon. weights: self-attention norm [D], fused
+    q/k/v [3 H d, D], o [D, H d]; feed-forward norm [D], wi [F, D], wo [D, F]. Dropout masks: 0
+    attention probabilities, 1 attention output, 2 feed-forward hidden, 3 feed-forward output."""
+
+    @staticmethod
+    def forward(ctx, x, bias, mask, p, eps, *weights):
+        g_sa, w_qkv, w_o, g_ff, w_i, w_of = weights
+        H = bias.shape[1]
+        drop = _Masks(p, x)
+        rs = _rstd(x, eps)
+        qkv = (x * rs * g_sa) @ w_qkv.T
+        q, k, v = (_heads(t, H) for t in qkv.chunk(3, -1))
+        y, lse = _attend(q, k, v, bias, mask, drop, 0)
+        x1 = drop.drop(1, _rows(y) @ w_o.T).add_(x)
+        out, rf = _ff(x1, eps, g_ff, w_i, w_of, drop, 2)
+        ctx.save_for_backward(x, rs, qkv, lse, x1, rf, bias, mask, *weights)
+        ctx.seeds, ctx.p = drop.seeds, p
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        x, rs, qkv, lse, x1, rf, bias, mask, *weights = ctx.saved_tensors
+        g_sa, w_qkv, w_o, g_ff, w_i, w_of = weights
+        H = bias.shape[1]
+        drop = _Masks(ctx.p, x, ctx.seeds)
+        g_x1, d_gff, d_wi, d_wof = _ff_backward(g, x1, rf, g_ff, w_i, w_of, drop, 2)
+        q, k, v = (_heads(t, H) for t in qkv.chunk(3, -1))
+        gw = drop.drop(1, g_x1.clone())
+        g_y = _heads(gw @ w_o, H)
+        y, d_q, d_k, d_v, g_s = _attend_backward(g_y, q, k, v, bias, mask, lse, drop, 0)
+        d_wo = _wgrad(gw, _rows(y))
+        d_bias = g_s.sum(0, keepdim=True)
+        g_qkv = torch.cat([_rows(d_q), _rows(d_k), _rows(d_v)], -1)
+        hs = x * rs * g_sa
+        d_wqkv, g_hs = _wgrad(g_qkv, hs), g_qkv @ w_qkv
+        d_gsa = _rowsum(g_hs * x * rs)
+        g_x = _norm_backward(g_hs.mul_(g_sa), x, rs).add_(g_x1)
+        return g_x, d_bias, None, None, None, d_gsa, d_wqkv, d_wo, d_gff, d_wi, d_wof
+
+
 class CandidateBlock(torch.autograd.Function):
     """`CandidateBlock.apply(z, ck, cv, enc_mask, bias, p, eps, *weights)` -> z'.
 
@@ -104,12 +210,14 @@ class CandidateBlock(torch.autograd.Function):
     ck, cv [B, H, L, d] this layer's cross-attention keys/values; enc_mask [B, L] bool; bias
     [H, m + 1, m + 1] relative position bias with the causal -inf; p the dropout rate; eps the
     norms' epsilon. weights: self-attention norm [D], fused q/k/v [3 H d, D], o [D, H d];
-    cross-attention norm [D], q [H d, D], o [D, H d]; feed-forward norm [D], wi [F, D], wo [D, F]."""
+    cross-attention norm [D], q [H d, D], o [D, H d]; feed-forward norm [D], wi [F, D], wo [D, F].
+    Dropout masks: 0-3 self-attention (see `_self_attention`, `_row_keep`), 4 cross-attention
+    probabilities, 5 cross-attention output, 6 feed-forward hidden, 7 feed-forward output."""
 
     @staticmethod
     def forward(ctx, z, ck, cv, enc_mask, bias, p, eps, *weights):
         g_sa, w_qkv, w_o, g_ca, w_qc, w_oc, g_ff, w_i, w_of = weights
-        (B, R, D), (H, d), m = z.shape, ck.shape[1::2], bias.shape[-1] - 1
+        (B, R, D), H, m = z.shape, ck.shape[1], bias.shape[-1] - 1
         N = (R - 1) // m
         drop = _Masks(p, z)
         rs = _rstd(z, eps)
@@ -117,14 +225,10 @@ class CandidateBlock(torch.autograd.Function):
         _, _, rows, _ = _self_attention(qkv, bias, drop, N, m)
         z1 = drop.apply(rows @ w_o.T, _row_keep(drop, B, N, m, D)).add_(z)
         rc = _rstd(z1, eps)
-        qc = ((z1 * rc * g_ca) @ w_qc.T).unflatten(-1, (H, d)).transpose(1, 2)  # [B, H, R, d]
-        P = (qc @ ck.transpose(-1, -2)).masked_fill_(~enc_mask[:, None, None], float("-inf"))
-        lse = P.logsumexp(-1, keepdim=True)  # [B, H, R, 1]
-        yc = drop.drop(4, P.sub_(lse).exp_()) @ cv
-        z2 = drop.drop(5, yc.transpose(1, 2).flatten(-2) @ w_oc.T).add_(z1)
-        rf = _rstd(z2, eps)
-        u = drop.drop(6, ((z2 * rf * g_ff) @ w_i.T).relu_())
-        out = drop.drop(7, u @ w_of.T).add_(z2)
+        qc = _heads((z1 * rc * g_ca) @ w_qc.T, H)  # [B, H, R, d]
+        yc, lse = _attend(qc, ck, cv, None, enc_mask, drop, 4)
+        z2 = drop.drop(5, _rows(yc) @ w_oc.T).add_(z1)
+        out, rf = _ff(z2, eps, g_ff, w_i, w_of, drop, 6)
         ctx.save_for_backward(z, rs, qkv, z1, rc, qc, lse, z2, rf, ck, cv, enc_mask, bias, *weights)
         ctx.seeds, ctx.p, ctx.N = drop.seeds, p, N
         return out
@@ -136,34 +240,14 @@ class CandidateBlock(torch.autograd.Function):
         (B, R, D), (H, d), m, N = z.shape, ck.shape[1::2], bias.shape[-1] - 1, ctx.N
         drop = _Masks(ctx.p, z, ctx.seeds)
 
-        # feed-forward: out = z2 + drop7(u wo^T), u = drop6(relu(hf wi^T)), hf = norm(z2) g_ff
-        hf = z2 * rf * g_ff
-        u = drop.drop(6, (hf @ w_i.T).relu_())
-        gw = drop.drop(7, g.clone())
-        d_wof = _wgrad(gw, u)
-        g_pre = torch.ops.aten.threshold_backward(gw @ w_of, u, 0).mul_(drop.scale if ctx.p else 1.0)  # relu passed, kept
-        del u
-        d_wi, g_hf = _wgrad(g_pre, hf), g_pre @ w_i
-        del g_pre
-        d_gff = _rowsum(g_hf * z2 * rf)
-        g_z2 = _norm_backward(g_hf.mul_(g_ff), z2, rf).add_(g)
+        g_z2, d_gff, d_wi, d_wof = _ff_backward(g, z2, rf, g_ff, w_i, w_of, drop, 6)
 
-        # cross-attention: z2 = z1 + drop5(yc wo^T), yc = drop4(P) cv, P = softmax(qc ck^T)
-        hc = z1 * rc * g_ca
-        P = (qc @ ck.transpose(-1, -2)).masked_fill_(~enc_mask[:, None, None], float("-inf")).sub_(lse).exp_()
-        k4 = drop.keep(4, P.shape)
-        Pd = drop.apply(P.clone(), k4)
+        # cross-attention: z2 = z1 + drop5(yc wo^T), yc = attention of qc = norm(z1) g_ca wq^T over ck, cv
         gw = drop.drop(5, g_z2.clone())
-        d_woc = _wgrad(gw, (Pd @ cv).transpose(1, 2).flatten(-2))
-        g_yc = (gw @ w_oc).unflatten(-1, (H, d)).transpose(1, 2)  # [B, H, R, d]
-        d_cv = Pd.transpose(-1, -2) @ g_yc
-        del Pd
-        g_P = drop.apply(g_yc @ cv.transpose(-1, -2), k4)
-        g_s = g_P.sub_((g_P * P).sum(-1, keepdim=True)).mul_(P)
-        del P, g_P
-        d_ck = g_s.transpose(-1, -2) @ qc
-        g_qc = (g_s @ ck).transpose(1, 2).flatten(-2)  # [B, R, H d]
-        del g_s
+        yc, d_qc, d_ck, d_cv, _ = _attend_backward(_heads(gw @ w_oc, H), qc, ck, cv, None, enc_mask, lse, drop, 4)
+        d_woc = _wgrad(gw, _rows(yc))
+        g_qc = _rows(d_qc)  # [B, R, H d]
+        hc = z1 * rc * g_ca
         d_wqc, g_hc = _wgrad(g_qc, hc), g_qc @ w_qc
         d_gca = _rowsum(g_hc * z1 * rc)
         g_z1 = _norm_backward(g_hc.mul_(g_ca), z1, rc).add_(g_z2)
