@@ -1,11 +1,13 @@
 """TIGER's encoder blocks and decoder candidate blocks, with hand-written backward passes.
 
 What autograd keeps for backward dominates training memory (~28 KB per position and layer at the
-default size: every norm, projection, softmax and dropout output). These blocks keep the three (two
-in the encoder) sub-layer inputs, the fused self-attention q/k/v, the cross-attention queries, the
-attention log-normalisers and the dropout seeds (~6-8 KB). Backward re-derives the rest: norms,
-softmaxes and masks (elementwise), the feed-forward hidden layer (one matmul, wi) and the attention
-probabilities (one q k^T per attention); no other projection is recomputed.
+default size: every norm, projection, softmax and dropout output). These blocks keep the sub-layer
+inputs, the fused self-attention q/k/v, the cross-attention queries, the attention log-normalisers
+and the dropout seeds (~6-8 KB), and the encoder also its feed-forward hidden layer (4 KB: a history
+has ~10x fewer positions than the candidates, and recomputing it would cost a CE step ~6%).
+Backward re-derives the rest: norms, softmaxes and masks (elementwise), the attention
+probabilities (one q k^T per attention) and, in the candidate blocks, the feed-forward hidden
+layer (one matmul, wi); no other projection is recomputed.
 
 `EncoderBlock`: one T5 encoder layer over a batch of histories (training pass of `Tiger.encode`).
 `CandidateBlock`: one decoder layer over N candidate prefixes per user (pairwise APAO, S-DPO: N = 100
@@ -98,21 +100,25 @@ def _attend_backward(g_y: Tensor, q: Tensor, k: Tensor, v: Tensor, bias: Tensor 
     return y, g_s @ k, g_s.transpose(-1, -2) @ q, d_v, g_s
 
 
-def _ff(z: Tensor, eps: float, g_ff: Tensor, w_i: Tensor, w_of: Tensor, drop: _Masks, i: int) -> tuple[Tensor, Tensor]:
-    """Feed-forward sub-layer z + drop_{i+1}(drop_i(relu(norm(z) g_ff wi^T)) wo^T) and norm's 1/RMS."""
+def _ff_hidden(z: Tensor, rf: Tensor, g_ff: Tensor, w_i: Tensor, drop: _Masks, i: int) -> Tensor:
+    """The feed-forward hidden layer u = drop_i(relu(norm(z) g_ff wi^T)), norm(z) = z rf."""
+    return drop.drop(i, ((z * rf * g_ff) @ w_i.T).relu_())
+
+
+def _ff(z: Tensor, eps: float, g_ff: Tensor, w_i: Tensor, w_of: Tensor, drop: _Masks, i: int):
+    """Feed-forward sub-layer z + drop_{i+1}(u wo^T): (output, norm's 1/RMS rf, hidden layer u)."""
     rf = _rstd(z, eps)
-    u = drop.drop(i, ((z * rf * g_ff) @ w_i.T).relu_())
-    return drop.drop(i + 1, u @ w_of.T).add_(z), rf
+    u = _ff_hidden(z, rf, g_ff, w_i, drop, i)
+    return drop.drop(i + 1, u @ w_of.T).add_(z), rf, u
 
 
-def _ff_backward(g: Tensor, z: Tensor, rf: Tensor, g_ff: Tensor, w_i: Tensor, w_of: Tensor, drop: _Masks, i: int):
-    """`_ff`'s gradients (d_z, d_gff, d_wi, d_wof) from g = dL/d(output); recomputes the hidden layer."""
+def _ff_backward(g: Tensor, z: Tensor, rf: Tensor, u: Tensor, g_ff: Tensor, w_i: Tensor, w_of: Tensor, drop: _Masks,
+                 i: int):
+    """`_ff`'s gradients (d_z, d_gff, d_wi, d_wof) from g = dL/d(output)."""
     hf = z * rf * g_ff
-    u = drop.drop(i, (hf @ w_i.T).relu_())
     gw = drop.drop(i + 1, g.clone())
     d_wof = _wgrad(gw, u)
     g_pre = torch.ops.aten.threshold_backward(gw @ w_of, u, 0).mul_(drop.scale if drop.p else 1.0)  # relu passed, kept
-    del u
     d_wi, g_hf = _wgrad(g_pre, hf), g_pre @ w_i
     del g_pre
     d_gff = _rowsum(g_hf * z * rf)
@@ -177,18 +183,18 @@ class EncoderBlock(torch.autograd.Function):
         q, k, v = (_heads(t, H) for t in qkv.chunk(3, -1))
         y, lse = _attend(q, k, v, bias, mask, drop, 0)
         x1 = drop.drop(1, _rows(y) @ w_o.T).add_(x)
-        out, rf = _ff(x1, eps, g_ff, w_i, w_of, drop, 2)
-        ctx.save_for_backward(x, rs, qkv, lse, x1, rf, bias, mask, *weights)
+        out, rf, u = _ff(x1, eps, g_ff, w_i, w_of, drop, 2)
+        ctx.save_for_backward(x, rs, qkv, lse, x1, rf, u, bias, mask, *weights)
         ctx.seeds, ctx.p = drop.seeds, p
         return out
 
     @staticmethod
     def backward(ctx, g):
-        x, rs, qkv, lse, x1, rf, bias, mask, *weights = ctx.saved_tensors
+        x, rs, qkv, lse, x1, rf, u, bias, mask, *weights = ctx.saved_tensors
         g_sa, w_qkv, w_o, g_ff, w_i, w_of = weights
         H = bias.shape[1]
         drop = _Masks(ctx.p, x, ctx.seeds)
-        g_x1, d_gff, d_wi, d_wof = _ff_backward(g, x1, rf, g_ff, w_i, w_of, drop, 2)
+        g_x1, d_gff, d_wi, d_wof = _ff_backward(g, x1, rf, u, g_ff, w_i, w_of, drop, 2)
         q, k, v = (_heads(t, H) for t in qkv.chunk(3, -1))
         gw = drop.drop(1, g_x1.clone())
         g_y = _heads(gw @ w_o, H)
@@ -228,7 +234,7 @@ class CandidateBlock(torch.autograd.Function):
         qc = _heads((z1 * rc * g_ca) @ w_qc.T, H)  # [B, H, R, d]
         yc, lse = _attend(qc, ck, cv, None, enc_mask, drop, 4)
         z2 = drop.drop(5, _rows(yc) @ w_oc.T).add_(z1)
-        out, rf = _ff(z2, eps, g_ff, w_i, w_of, drop, 6)
+        out, rf, _ = _ff(z2, eps, g_ff, w_i, w_of, drop, 6)  # u: recomputed in backward (~300 positions per user)
         ctx.save_for_backward(z, rs, qkv, z1, rc, qc, lse, z2, rf, ck, cv, enc_mask, bias, *weights)
         ctx.seeds, ctx.p, ctx.N = drop.seeds, p, N
         return out
@@ -240,7 +246,9 @@ class CandidateBlock(torch.autograd.Function):
         (B, R, D), (H, d), m, N = z.shape, ck.shape[1::2], bias.shape[-1] - 1, ctx.N
         drop = _Masks(ctx.p, z, ctx.seeds)
 
-        g_z2, d_gff, d_wi, d_wof = _ff_backward(g, z2, rf, g_ff, w_i, w_of, drop, 6)
+        u = _ff_hidden(z2, rf, g_ff, w_i, drop, 6)
+        g_z2, d_gff, d_wi, d_wof = _ff_backward(g, z2, rf, u, g_ff, w_i, w_of, drop, 6)
+        del u
 
         # cross-attention: z2 = z1 + drop5(yc wo^T), yc = attention of qc = norm(z1) g_ca wq^T over ck, cv
         gw = drop.drop(5, g_z2.clone())
