@@ -2,8 +2,8 @@
 
     python -m genrec.prepare dataset=lcrec dataset.root=../shared/data/apao-office dataset.name=Office
 
-Each artefact is cached under `data_dir` by a hash of the config that made it (see
-`genrec.data.store`), so a sweep over objectives re-uses one tokenisation. Prints a
+Each artefact is cached under `data_dir` by a hash of the config that made it and of the raw
+files it read (see `genrec.data.store`), so a sweep over objectives re-uses one tokenisation. Prints a
 summary; the last line is one JSON object for scripts.
 """
 
@@ -62,7 +62,7 @@ def prepare(cfg: DictConfig, log=print) -> Prepared:
         return {"bad_records": raw.report.total, "read_report": raw.report.summary()}
 
     seq_cfg = {k: _plain(ds)[k] for k in ("reader", "kcore", "split", "text_template")}
-    seq_path, hits["sequences"] = cached(root, "sequences", seq_cfg, build_sequences_stage)
+    seq_path, hits["sequences"] = cached(root, "sequences", seq_cfg, build_sequences_stage, inputs=True)
     seq = SeqData.load(seq_path)
     timings["sequences"] = time.time() - start
     report = read_meta(seq_path).get("read_report", "")
@@ -96,7 +96,7 @@ def prepare(cfg: DictConfig, log=print) -> Prepared:
         return {**tokenizer.facts, **sids.stats()}
 
     sid_path, hits["sids"] = cached(root, "sids", {"sequences": seq_path.name, "embeddings": emb_key,
-                                                   "tokenizer": _plain(cfg.tokenizer)}, build_sids)
+                                                   "tokenizer": _plain(cfg.tokenizer)}, build_sids, inputs=True)
     sids = SemanticIds.load(sid_path)
     if len(sids.codes) != seq.num_items:
         raise DataError(f"semantic IDs at {sid_path} cover {len(sids.codes)} items, the dataset has {seq.num_items}")

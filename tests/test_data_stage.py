@@ -521,3 +521,32 @@ def test_cli_typo_lists_the_options(cli):
     text = stdout + stderr
     assert "Could not find 'dataset/ml100kk'" in text and "Available options in 'dataset'" in text
     assert all(f"\t{o}\n" in text for o in ("lcrec", "ml100k", "office", "yelp")), text
+
+
+def test_prepare_rebuilds_when_a_raw_file_changes(tmp_path, data_dir):
+    """The raw files a stage read are part of its key: editing the interactions gives new
+    sequences (and so new embeddings and SIDs, whose keys name them); editing the precomputed
+    index gives new SIDs only; unchanged files are cache hits."""
+    inter = write_lcrec(tmp_path / "raw")
+    base = tiny(tmp_path, data_dir, *RQ)
+    first = prepare(cfg_for(base), log=pytest.fail)
+    seq_meta = [json.loads(p.read_text()) for p in (data_dir / "sequences").glob("*/meta.json")]
+    assert len(seq_meta) == 1 and sorted(Path(f).name for f in seq_meta[0]["inputs"]) == ["Tiny.inter.json", "Tiny.item.json"]
+    assert prepare(cfg_for(base), log=pytest.fail).summary["cache_hits"] == {"sequences": True, "embeddings": True, "sids": True}
+
+    inter["0"] = inter["0"][:-1] + [inter["1"][0]]  # user 0's last item changes
+    (tmp_path / "raw" / "Tiny.inter.json").write_text(json.dumps(inter))
+    edited = prepare(cfg_for(base), log=pytest.fail)
+    assert edited.summary["cache_hits"] == {"sequences": False, "embeddings": False, "sids": False}
+    last = edited.seq.items[edited.seq.offsets[1] - 1]  # user 0's last item
+    assert edited.seq.item_ids[last] == str(inter["1"][0]) != first.seq.item_ids[first.seq.items[first.seq.offsets[1] - 1]]
+    assert prepare(cfg_for(base), log=pytest.fail).summary["cache_hits"] == {"sequences": True, "embeddings": True, "sids": True}
+
+    pre = base[:4] + ["tokenizer=precomputed"]  # the same (edited) raw files
+    assert prepare(cfg_for(pre), log=pytest.fail).summary["cache_hits"] == {"sequences": True, "sids": False}
+    index_file = tmp_path / "raw" / "Tiny.index.rq-kmeans.json"
+    index = json.loads(index_file.read_text())
+    index["3"] = index["11"]  # a second colliding pair
+    index_file.write_text(json.dumps(index))
+    s = prepare(cfg_for(pre), log=pytest.fail).summary
+    assert s["cache_hits"] == {"sequences": True, "sids": False} and s["unique_codes_before"] == 13

@@ -1,10 +1,13 @@
 """Content-addressed, atomic, lock-protected cache of data-stage artefacts.
 
 `cached(root, stage, config, build)` returns `root/<stage>/<hash>/`, where the hash covers
-the config that produced the artefact and the stage's code version. The first caller
-builds it into a temporary folder and renames it into place (atomic on one file system),
-under a file lock so concurrent sweep jobs build it once; everyone else waits and reads.
-`meta.json` inside records the config, the code version and the build time.
+the config that produced the artefact and the stage's code version, and for stages that read
+raw files (`inputs=True`) also the size and modification time of every file the build read: an
+edited or replaced raw file makes a new artefact (and so new downstream ones, whose keys name
+it). Which files a config reads is learnt from its last build (`<stage>/.<config hash>.inputs.json`).
+The first caller builds the artefact into a temporary folder and renames it into place (atomic on
+one file system), under a file lock so concurrent sweep jobs build it once; everyone else waits
+and reads. `meta.json` inside records the config, the inputs, the code version and the build time.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import Callable
 from filelock import FileLock
 
 import genrec
+from genrec.data.readers.common import recording_inputs
 
 # Bump a stage's version when its output format or semantics change: old entries are ignored.
 STAGE_VERSIONS = {"sequences": 1, "embeddings": 1, "sids": 1}
@@ -30,29 +34,67 @@ def config_hash(stage: str, config: dict) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def cached(root: Path | str, stage: str, config: dict, build: Callable[[Path], dict | None]) -> tuple[Path, bool]:
+def file_stats(paths: list[str]) -> dict[str, list[int] | None]:
+    """path -> [size, mtime_ns], None for a missing file."""
+    stats = {}
+    for p in paths:
+        try:
+            st = os.stat(p)
+            stats[p] = [st.st_size, st.st_mtime_ns]
+        except FileNotFoundError:
+            stats[p] = None
+    return stats
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".tmp-{path.name}-{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def cached(root: Path | str, stage: str, config: dict, build: Callable[[Path], dict | None],
+           inputs: bool = False) -> tuple[Path, bool]:
     """Return (artefact folder, whether it was already there). `build(tmp)` writes the
-    artefact's files into `tmp` and may return extra facts to record in meta.json."""
-    final = Path(root) / stage / config_hash(stage, config)
-    if (final / "meta.json").exists():
-        return final, True
-    final.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(final) + ".lock"):
-        if (final / "meta.json").exists():  # built by another process while we waited
-            return final, True
-        tmp = final.parent / f".tmp-{final.name}-{os.getpid()}"
+    artefact's files into `tmp` and may return extra facts to record in meta.json. `inputs`:
+    the raw files `build` opens (through `genrec.data.readers.common.open_text`) are part of the key."""
+    folder, name = Path(root) / stage, config_hash(stage, config)
+    index = folder / f".{name}.inputs.json"
+
+    def final_for(files: list[str]) -> Path:
+        return folder / (config_hash(stage, {**config, "inputs": file_stats(files)}) if inputs else name)
+
+    def existing() -> Path | None:
+        """The artefact for the inputs as they are now, if built (its inputs known from the index)."""
+        if inputs and not index.exists():
+            return None
+        final = final_for(json.loads(index.read_text()) if inputs else [])
+        return final if (final / "meta.json").exists() else None
+
+    if found := existing():
+        return found, True
+    folder.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(folder / name) + ".lock"):
+        if found := existing():  # built by another process while we waited
+            return found, True
+        tmp = folder / f".tmp-{name}-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
         try:
             start = time.time()
-            facts = build(tmp) or {}
+            with recording_inputs() as opened:
+                facts = build(tmp) or {}
+            files = list(dict.fromkeys(os.path.abspath(p) for p in opened))
+            final = final_for(files)
             meta = {"stage": stage, "config": config, "code_version": genrec.__version__,
                     "stage_version": STAGE_VERSIONS[stage], "built_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
-                    "build_seconds": round(time.time() - start, 3), **facts}
+                    "build_seconds": round(time.time() - start, 3),
+                    **({"inputs": file_stats(files)} if inputs else {}), **facts}
             (tmp / "meta.json").write_text(json.dumps(meta, indent=1, default=str))
-            if final.exists():  # a half-built folder from a crash before meta.json: replace it
+            if final.exists():  # a half-built folder from a crash before meta.json (or a lost index): replace it
                 shutil.rmtree(final)
             os.replace(tmp, final)
+            if inputs:
+                _write_atomic(index, json.dumps(files))
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return final, False

@@ -11,6 +11,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
@@ -66,7 +67,25 @@ def find_file(root: Path | str, name: str) -> Path:
     )
 
 
+_inputs: list[list[Path]] = []  # open recorders (`recording_inputs`), innermost last
+
+
+@contextmanager
+def recording_inputs() -> Iterator[list[Path]]:
+    """The raw files opened (by `open_text`) inside the block, in order: the data cache puts
+    their sizes and modification times into an artefact's key (`genrec.data.store.cached`)."""
+    files: list[Path] = []
+    _inputs.append(files)
+    try:
+        yield files
+    finally:
+        _inputs.remove(files)
+
+
 def open_text(path: Path) -> io.TextIOBase:
+    """Every raw file is read through here (plain or gzipped UTF-8 text)."""
+    for files in _inputs:
+        files.append(Path(path))
     if path.suffix == ".gz":
         return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8")
     return open(path, encoding="utf-8")
