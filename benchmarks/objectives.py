@@ -1,4 +1,4 @@
-"""Training cost of each objective relative to CE: Office, default-size TIGER, one run.
+"""Training cost of each objective relative to CE: Office, a default-size backbone (TIGER unless `--backbone llama`).
 
 Every objective trains (forward + backward + clipping + AdamW, as `genrec.train` does) on the
 same `--batches` real Office training batches (epoch 0 of the seeded length-bucketed loader,
@@ -18,7 +18,7 @@ Targets: apao-pointwise <= 1.05x CE, bear <= 1.1x CE, apao-pairwise <= 0.8x sdpo
 <= 12x CE; apao-pairwise (N=100, batch 128) peak RSS <= 4 GB. The last line printed is one JSON
 object: {"ratio": {objective: CPU-time ratio over CE}, "peak_rss_gb": {...}, ...}.
 
-  python benchmarks/objectives.py [--batches 3] [--batch-size 128] [--objectives ce msl ...]
+  python benchmarks/objectives.py [--backbone tiger] [--batches 3] [--batch-size 128] [--objectives ce msl ...]
 """
 
 from __future__ import annotations
@@ -41,9 +41,8 @@ OBJECTIVES = {
     "msl": ["objective=msl"],
     "apao-pointwise": ["objective=apao", "objective.loss=pointwise"],
     "apao-pairwise": ["objective=apao", "objective.loss=pairwise", "objective.num_negatives={N}"],
-    # the same through autograd instead of the hand-written candidate-block backward
-    "apao-pairwise-autograd": ["objective=apao", "objective.loss=pairwise", "objective.num_negatives={N}",
-                               "backbone.lean_users=null"],
+    # the same with autograd keeping every activation (TIGER: no hand-written block backward; Llama: no recompute)
+    "apao-pairwise-autograd": ["objective=apao", "objective.loss=pairwise", "objective.num_negatives={N}", "{KEEP}"],
     "bear": ["objective=bear"],
     "sdpo": ["objective=sdpo", "objective.ref_ckpt=null", "objective.num_negatives={N}"],
 }
@@ -60,8 +59,9 @@ def child(args) -> None:
     peak is the objective's peak RSS), then passes over the batches until `--min-seconds` have
     gone by, each batch's fastest pass counting. Prints one JSON line."""
     torch.set_num_threads(args.threads)
-    overrides = [o.format(N=args.negatives) for o in OBJECTIVES[args.child]]
-    cfg, data, dm = office(["backbone=tiger", *overrides], args.batch_size)
+    keep = {"tiger": "backbone.lean_users=null", "llama": "backbone.remat_users=null"}[args.backbone]
+    overrides = [o.format(N=args.negatives, KEEP=keep) for o in OBJECTIVES[args.child]]
+    cfg, data, dm = office([f"backbone={args.backbone}", *overrides], args.batch_size)
     batches = epoch_batches(dm, args.batches)
     train = TrainStep(cfg, data, dm)
     rss_before = peak_rss_gb()
@@ -90,7 +90,7 @@ def target(value: float, bound: float) -> dict:
 
 def run_child(name: str, args) -> dict:
     cmd = [sys.executable, __file__, "--child", name]
-    for key in ("batches", "batch_size", "threads", "negatives", "min_seconds"):
+    for key in ("backbone", "batches", "batch_size", "threads", "negatives", "min_seconds"):
         cmd += [f"--{key.replace('_', '-')}", str(getattr(args, key))]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -100,6 +100,7 @@ def run_child(name: str, args) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--backbone", default="tiger", choices=["tiger", "llama"], help="default-size backbone")
     p.add_argument("--batches", type=int, default=3, help="timed batches per objective (after a warm-up step)")
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--objectives", nargs="+", default=list(OBJECTIVES), choices=list(OBJECTIVES))
@@ -135,7 +136,7 @@ def main() -> None:
         "pairwise_decoder_to_encoder_tokens": round(ce["pairwise_decoder_tokens"] / ce["encoder_tokens"], 2),
         "targets": {k: target(ratio[o] / ratio[ref], bound)
                     for k, (o, bound, ref) in TARGETS.items() if o in ratio and ref in ratio},
-        "config": {"backbone": "tiger (default size)", "data": "Office (APAO release codes, T=4)",
+        "config": {"backbone": f"{args.backbone} (default size)", "data": "Office (APAO release codes, T=4)",
                    "batch_size": args.batch_size, "batches": args.batches, "examples": ce["examples"],
                    "negatives": args.negatives, "threads": args.threads, "min_seconds": args.min_seconds,
                    "rounds": args.rounds, "load_average_1_5_15": load},

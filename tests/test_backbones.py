@@ -190,6 +190,27 @@ def test_tiger_lean_backward_matches_autograd(dropout, N, m, users):
         torch.testing.assert_close(lean_grads[n], g, atol=1e-7 * g.abs().max().item(), rtol=0, msg=n)
 
 
+@pytest.mark.parametrize("dropout, users", [(0.3, 5), (0.0, 2)])
+def test_llama_remat_matches_kept_activations(dropout, users):
+    """Llama's candidate layers recomputed in backward (`remat_users`) give the logits and every
+    parameter gradient of keeping their activations: with dropout (replayed) on one group of 5
+    users, and on groups of 2, 2, 1 (each group draws its own masks, so p = 0)."""
+
+    def run(remat):
+        model, b = make("llama", dropout=dropout, remat_users=(users if remat else None)), batch()
+        model.train()
+        torch.manual_seed(1)
+        out = model.prefix_logits(model.encode(b["history"], b["mask"]), random_prefix(5, 4, 2, seed=3))
+        (out * torch.randn(out.shape, generator=torch.Generator().manual_seed(2), dtype=out.dtype)).sum().backward()
+        return out.detach(), {n: p.grad for n, p in model.named_parameters()}
+
+    (out, grads), (remat_out, remat_grads) = run(False), run(True)
+    torch.testing.assert_close(remat_out, out, atol=1e-12, rtol=0)
+    for n, g in grads.items():
+        assert g is not None and g.abs().sum() > 0, n
+        torch.testing.assert_close(remat_grads[n], g, atol=1e-10 * g.abs().max().item(), rtol=0, msg=n)
+
+
 def test_tiger_encoder_block_gradcheck_with_dropout(monkeypatch):
     """`EncoderBlock`'s hand-written backward against finite differences (float64), with dropout
     (the same masks in every evaluation: the seeds come from torch's RNG, reset each call), padded

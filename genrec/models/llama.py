@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.utils.checkpoint import checkpoint
 from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
@@ -33,6 +34,12 @@ class LlamaEncoding:
     length: Tensor  # [B] history tokens = position id of target token 1
     kv: KV  # per layer: history K (after RoPE), V [B, H, L, d] (repeated to all query heads)
     logits: Tensor  # [B, V] at the last history position (predicts target token 1)
+
+    def split(self, size: int) -> list[LlamaEncoding]:
+        """Groups of `size` users."""
+        groups = [slice(i, i + size) for i in range(0, len(self.mask), size)]
+        return [LlamaEncoding(self.mask[g], self.length[g], [(k[g], v[g]) for k, v in self.kv], self.logits[g])
+                for g in groups]
 
 
 @dataclass
@@ -55,7 +62,12 @@ class Llama(Backbone):
         tie_embeddings: bool = True,
         dropout: float = 0.0,
         rms_norm_eps: float = 1e-6,
+        remat_users: int | None = 16,
     ) -> None:
+        """`remat_users`: training on N > 1 candidates per user (pairwise APAO, S-DPO) runs this
+        many users at a time and keeps only each layer's input, recomputing its activations in
+        backward (one more candidate forward; Office, N = 100, batch 128: peak RSS 13.9 GB ->
+        see README); null keeps them."""
         super().__init__()
         self.vocab_size = vocab_size
         config = LlamaConfig(
@@ -75,7 +87,7 @@ class Llama(Backbone):
             eos_token_id=EOS,
         )
         self.hf = LlamaForCausalLM(config)
-        self.n_rep, self.head_dim = num_heads // num_kv_heads, config.head_dim
+        self.n_rep, self.head_dim, self.remat_users = num_heads // num_kv_heads, config.head_dim, remat_users
 
     def _heads(self, x: Tensor) -> Tensor:
         """[..., S, h * d] -> [..., h, S, d]."""
@@ -108,20 +120,28 @@ class Llama(Backbone):
         model = self.hf.model
         x = model.embed_tokens(tokens)
         cos, sin = model.rotary_emb(x, pos)
+        remat = self._remat(tokens)
         cache = []
-        for i, layer in enumerate(model.layers):
-            att = layer.self_attn
-            h = layer.input_layernorm(x)
-            q, k, v = self._heads(att.q_proj(h)), self._heads(att.k_proj(h)), self._heads(att.v_proj(h))
-            q, k = apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=-3)
-            k, v = k.repeat_interleave(self.n_rep, -3), v.repeat_interleave(self.n_rep, -3)
-            if past is not None:
-                k, v = torch.cat([past[i][0], k], -2), torch.cat([past[i][1], v], -2)
+        for i in range(len(model.layers)):
+            args = (i, x, cos, sin, own_mask, enc, None if past is None else past[i])
+            x, k, v = checkpoint(self._layer, *args, use_reentrant=False) if remat else self._layer(*args)
             cache.append((k, v))
-            y = self._attend(q, k, v, own_mask, enc, i)
-            x = x + att.o_proj(y.transpose(-2, -3).flatten(-2))
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
         return model.norm(x), cache
+
+    def _layer(self, i: int, x: Tensor, cos: Tensor, sin: Tensor, own_mask: Tensor | None, enc: LlamaEncoding | None,
+               past: tuple[Tensor, Tensor] | None) -> tuple[Tensor, Tensor, Tensor]:
+        """Decoder layer i: the new states x and the rows' own keys/values (after `past`)."""
+        layer = self.hf.model.layers[i]
+        att = layer.self_attn
+        h = layer.input_layernorm(x)
+        q, k, v = self._heads(att.q_proj(h)), self._heads(att.k_proj(h)), self._heads(att.v_proj(h))
+        q, k = apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=-3)
+        k, v = k.repeat_interleave(self.n_rep, -3), v.repeat_interleave(self.n_rep, -3)
+        if past is not None:
+            k, v = torch.cat([past[0], k], -2), torch.cat([past[1], v], -2)
+        y = self._attend(q, k, v, own_mask, enc, i)
+        x = x + att.o_proj(y.transpose(-2, -3).flatten(-2))
+        return x + layer.mlp(layer.post_attention_layernorm(x)), k, v
 
     def encode(self, history: Tensor, mask: Tensor) -> LlamaEncoding:
         mask = mask.bool()
@@ -133,8 +153,15 @@ class Llama(Backbone):
         kv = [(k[:, 0], v[:, 0]) for k, v in cache]
         return LlamaEncoding(mask, mask.sum(-1), kv, self.hf.lm_head(x[:, 0, -1]))
 
+    def _remat(self, tokens: Tensor) -> bool:
+        """Recompute the candidates' layer activations in backward (training on N > 1 candidates)?"""
+        return bool(self.remat_users) and tokens.shape[1] > 1 and self.training and torch.is_grad_enabled()
+
     def _prefix_states(self, enc: LlamaEncoding, prefix: Tensor) -> Tensor:
         """Final hidden states [B, N, m, D] of the N prefixes [B, N, m] after the shared history."""
+        if self._remat(prefix) and len(prefix) > self.remat_users:  # a group of users at a time
+            return torch.cat([self._prefix_states(e, p) for e, p in zip(enc.split(self.remat_users),
+                                                                         prefix.split(self.remat_users))])
         m = prefix.shape[-1]
         pos = enc.length[:, None, None] + torch.arange(m, device=prefix.device)
         causal = torch.ones(m, m, dtype=torch.bool, device=prefix.device).tril()
