@@ -166,49 +166,31 @@ def test_train_mode_forward_and_backward(name):
     assert logits.shape == (5, 2, V) and torch.isfinite(logits).all()
 
 
-@pytest.mark.parametrize("dropout, N, m, users", [(0.3, 6, 2, 5), (0.3, 2, 3, 5), (0.0, 4, 1, 2)])
-def test_tiger_lean_backward_matches_autograd(dropout, N, m, users):
-    """The candidate blocks' hand-written backward (`lean_users`) gives the logits and every
-    parameter gradient of autograd through `_candidate_block`: with dropout (the same draws) for
-    one call on all 5 users, and for calls on 2, 2, 1 users (each call draws its own masks, so
-    p = 0). The variance of T5's norm is float32 in both, hence the float32-level tolerance."""
+@pytest.mark.parametrize("name, knob, dropout, N, m, users", [
+    ("tiger", "lean_users", 0.3, 6, 2, 5), ("tiger", "lean_users", 0.3, 2, 3, 5), ("tiger", "lean_users", 0.0, 4, 1, 2),
+    ("llama", "remat_users", 0.3, 4, 2, 5), ("llama", "remat_users", 0.0, 4, 2, 2)])
+def test_memory_saving_candidate_paths_match_autograd(name, knob, dropout, N, m, users):
+    """TIGER's candidate blocks with the hand-written backward (`lean_users`) and Llama's candidate
+    layers recomputed in backward (`remat_users`) give the logits and every parameter gradient of
+    autograd keeping every activation: with dropout (the same draws) for one call on all 5 users,
+    and for calls on 2, 2, 1 users (each call draws its own masks, so p = 0). T5's norms take their
+    variance in float32, hence the float32-level tolerance on gradients."""
 
-    def run(lean):
-        model, b = make("tiger", dropout=dropout, lean_users=users), batch()
+    def run(saving):
+        model, b = make(name, dropout=dropout, **{knob: users}), batch()
         model.train()
         torch.manual_seed(1)
-        enc = model.encode(b["history"], b["mask"])  # the lean encoder in both runs: the same draws
-        model.lean_users = users if lean else None
+        enc = model.encode(b["history"], b["mask"])  # the same encoder path in both runs: the same draws
+        setattr(model, knob, users if saving else None)
         out = model.prefix_logits(enc, random_prefix(5, N, m, seed=3))
         (out * torch.randn(out.shape, generator=torch.Generator().manual_seed(2), dtype=out.dtype)).sum().backward()
         return out.detach(), {n: p.grad for n, p in model.named_parameters()}
 
-    (out, grads), (lean_out, lean_grads) = run(False), run(True)
-    torch.testing.assert_close(lean_out, out, atol=1e-12, rtol=0)
+    (out, grads), (saving_out, saving_grads) = run(False), run(True)
+    torch.testing.assert_close(saving_out, out, atol=1e-12, rtol=0)
     for n, g in grads.items():
         assert g is not None and g.abs().sum() > 0, n
-        torch.testing.assert_close(lean_grads[n], g, atol=1e-7 * g.abs().max().item(), rtol=0, msg=n)
-
-
-@pytest.mark.parametrize("dropout, users", [(0.3, 5), (0.0, 2)])
-def test_llama_remat_matches_kept_activations(dropout, users):
-    """Llama's candidate layers recomputed in backward (`remat_users`) give the logits and every
-    parameter gradient of keeping their activations: with dropout (replayed) on one group of 5
-    users, and on groups of 2, 2, 1 (each group draws its own masks, so p = 0)."""
-
-    def run(remat):
-        model, b = make("llama", dropout=dropout, remat_users=(users if remat else None)), batch()
-        model.train()
-        torch.manual_seed(1)
-        out = model.prefix_logits(model.encode(b["history"], b["mask"]), random_prefix(5, 4, 2, seed=3))
-        (out * torch.randn(out.shape, generator=torch.Generator().manual_seed(2), dtype=out.dtype)).sum().backward()
-        return out.detach(), {n: p.grad for n, p in model.named_parameters()}
-
-    (out, grads), (remat_out, remat_grads) = run(False), run(True)
-    torch.testing.assert_close(remat_out, out, atol=1e-12, rtol=0)
-    for n, g in grads.items():
-        assert g is not None and g.abs().sum() > 0, n
-        torch.testing.assert_close(remat_grads[n], g, atol=1e-10 * g.abs().max().item(), rtol=0, msg=n)
+        torch.testing.assert_close(saving_grads[n], g, atol=1e-7 * g.abs().max().item(), rtol=0, msg=n)
 
 
 def test_tiger_encoder_block_gradcheck_with_dropout(monkeypatch):
