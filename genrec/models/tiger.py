@@ -1,10 +1,11 @@
 """TIGER: a T5 encoder-decoder over SID tokens (built from config, never downloaded).
 
 The HF model is kept as `self.hf` (so `self.hf.generate` runs on the same weights). The
-encoder is HF's own (in training, the same math in `EncoderBlock`s); the decoder is re-written here on HF's modules so that the N target
-prefixes of a user share that user's encoding: each decoder layer's cross-attention
-keys/values are projected once per user in `encode`, and all N * (m + 1) decoder positions
-(or all K beams) of a user are the queries of one attention call against them. The
+encoder is HF's own (in training, the same math in `EncoderBlock`s); the decoder is re-written
+here on HF's modules so that the N target prefixes of a user share that user's encoding: each
+decoder layer's cross-attention keys/values are projected once per user in `encode`, and all
+N * (m + 1) decoder positions (or all K beams) of a user are the queries of one attention call
+against them. The
 self-attention is causal within each candidate (beam) and carries T5's relative position
 bias. Decoder input = bos + prefix. The math (and dropout placement) follows
 `transformers.models.t5.modeling_t5`; tests check it against `self.hf(...)`. Dropout is
