@@ -60,14 +60,14 @@ def cached(root: Path | str, stage: str, config: dict, build: Callable[[Path], d
     folder, name = Path(root) / stage, config_hash(stage, config)
     index = folder / f".{name}.inputs.json"
 
-    def final_for(files: list[str]) -> Path:
-        return folder / (config_hash(stage, {**config, "inputs": file_stats(files)}) if inputs else name)
+    def final_for(stats: dict) -> Path:
+        return folder / (config_hash(stage, {**config, "inputs": stats}) if inputs else name)
 
     def existing() -> Path | None:
         """The artefact for the inputs as they are now, if built (its inputs known from the index)."""
         if inputs and not index.exists():
             return None
-        final = final_for(json.loads(index.read_text()) if inputs else [])
+        final = final_for(file_stats(json.loads(index.read_text())) if inputs else {})
         return final if (final / "meta.json").exists() else None
 
     if found := existing():
@@ -84,11 +84,11 @@ def cached(root: Path | str, stage: str, config: dict, build: Callable[[Path], d
             with recording_inputs() as opened:
                 facts = build(tmp) or {}
             files = list(dict.fromkeys(os.path.abspath(p) for p in opened))
-            final = final_for(files)
+            stats = file_stats(files)
+            final = final_for(stats)
             meta = {"stage": stage, "config": config, "code_version": genrec.__version__,
                     "stage_version": STAGE_VERSIONS[stage], "built_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
-                    "build_seconds": round(time.time() - start, 3),
-                    **({"inputs": file_stats(files)} if inputs else {}), **facts}
+                    "build_seconds": round(time.time() - start, 3), **({"inputs": stats} if inputs else {}), **facts}
             (tmp / "meta.json").write_text(json.dumps(meta, indent=1, default=str))
             if final.exists():  # a half-built folder from a crash before meta.json (or a lost index): replace it
                 shutil.rmtree(final)

@@ -142,10 +142,8 @@ class Tiger(Backbone):
         x = self._dropout(enc.embed_tokens(history))
         bias = enc.block[0].layer[0].SelfAttention.compute_bias(L, L, device=x.device).to(x.dtype)  # [1, H, L, L]
         for blk in enc.block:
-            (sa, ff), att = blk.layer, blk.layer[0].SelfAttention
-            weights = [sa.layer_norm.weight, torch.cat([att.q.weight, att.k.weight, att.v.weight]), att.o.weight,
-                       ff.layer_norm.weight, ff.DenseReluDense.wi.weight, ff.DenseReluDense.wo.weight]
-            x = EncoderBlock.apply(x, bias, mask, self.hf.config.dropout_rate, sa.layer_norm.variance_epsilon, *weights)
+            eps = blk.layer[0].layer_norm.variance_epsilon
+            x = EncoderBlock.apply(x, bias, mask, self.hf.config.dropout_rate, eps, *self._block_weights(blk))
         return self._dropout(enc.final_layer_norm(x))
 
     def _self_bias(self, past: int, S: int, like: Tensor) -> Tensor:
@@ -213,11 +211,14 @@ class Tiger(Backbone):
 
     @staticmethod
     def _block_weights(blk) -> list[Tensor]:
-        """A decoder block's weights in `CandidateBlock`'s order."""
-        (sa, ca, ff), att = blk.layer, blk.layer[0].SelfAttention
-        return [sa.layer_norm.weight, torch.cat([att.q.weight, att.k.weight, att.v.weight]), att.o.weight,
-                ca.layer_norm.weight, ca.EncDecAttention.q.weight, ca.EncDecAttention.o.weight,
-                ff.layer_norm.weight, ff.DenseReluDense.wi.weight, ff.DenseReluDense.wo.weight]
+        """A block's weights in `EncoderBlock`'s / `CandidateBlock`'s order (a decoder block also
+        has its cross-attention's, between the self-attention's and the feed-forward's)."""
+        sa, *cross, ff = blk.layer
+        att = sa.SelfAttention
+        weights = [sa.layer_norm.weight, torch.cat([att.q.weight, att.k.weight, att.v.weight]), att.o.weight]
+        for ca in cross:
+            weights += [ca.layer_norm.weight, ca.EncDecAttention.q.weight, ca.EncDecAttention.o.weight]
+        return weights + [ff.layer_norm.weight, ff.DenseReluDense.wi.weight, ff.DenseReluDense.wo.weight]
 
     def _candidate_block(self, blk, i: int, enc: TigerEncoding, bias: Tensor, z: Tensor, N: int, m: int) -> Tensor:
         """Decoder layer i (autograd) for rows z [B, 1 + N m, D]: the shared bos, then the candidates' positions."""
