@@ -1,0 +1,126 @@
+"""W&B offline runs read back from their files: one run per sweep job, sliceable, and the report's run.
+
+wandb >= 0.2x writes no config.yaml / wandb-summary.json offline and no longer ships a Python reader
+for the `.wandb` transaction log, so `read_run` parses it: a leveldb-style log (7-byte file header,
+32 KiB blocks of records `crc32 u32, length u16, type u8, data`, type FULL=1 FIRST=2 MIDDLE=3 LAST=4)
+whose records are `wandb.proto.wandb_internal_pb2.Record` messages.
+"""
+
+import json
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+ROOT = Path(__file__).parents[1]
+BLOCK = 32768
+
+
+def records(path: Path):
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    data = path.read_bytes()
+    assert data[:4] == b":W&B", f"{path} is not a W&B transaction log"
+    pos, buf = 7, b""
+    while pos + 7 <= len(data):
+        if BLOCK - pos % BLOCK < 7:  # block trailer
+            pos += BLOCK - pos % BLOCK
+            continue
+        _, n, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        if kind == 0:
+            break
+        buf = data[pos + 7:pos + 7 + n] if kind in (1, 2) else buf + data[pos + 7:pos + 7 + n]
+        pos += 7 + n
+        if kind in (1, 4):
+            rec = pb.Record()
+            rec.ParseFromString(buf)
+            yield rec
+
+
+def _key(item) -> str:
+    return item.key or ".".join(item.nested_key)
+
+
+def read_run(folder: Path) -> dict:
+    """One `offline-run-*` folder -> its group, job type, tags, config, summary, history rows, exit code
+    (None: never finished) and the logged tables/images by key ({"columns", "data"} / file path)."""
+    run = {"config": {}, "summary": {}, "history": [], "exit_code": None}
+    (path,) = folder.glob("run-*.wandb")
+    for rec in records(path):
+        kind = rec.WhichOneof("record_type")
+        if kind == "run":
+            run.update(id=rec.run.run_id, project=rec.run.project, group=rec.run.run_group,
+                       job_type=rec.run.job_type, tags=list(rec.run.tags))
+            run["config"].update({_key(u): json.loads(u.value_json) for u in rec.run.config.update})
+        elif kind == "config":
+            run["config"].update({_key(u): json.loads(u.value_json) for u in rec.config.update})
+        elif kind == "summary":
+            run["summary"].update({_key(u): json.loads(u.value_json) for u in rec.summary.update})
+        elif kind == "history":
+            run["history"].append({_key(i): json.loads(i.value_json) for i in rec.history.item})
+        elif kind == "exit":
+            run["exit_code"] = rec.exit.exit_code
+    run["config"].pop("_wandb", None)
+    s = run["summary"]
+    run["media"] = {k[:-len(".path")]: folder / "files" / v for k, v in s.items() if k.endswith(".path")}
+    run["tables"] = {k: json.loads(p.read_text()) for k, p in run["media"].items() if p.name.endswith(".table.json")}
+    return run
+
+
+def flat(d: dict, prefix: str = "") -> dict:
+    """{"a": {"b": 1}} -> {"a.b": 1}, written as a loop (the reference for the logged config)."""
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out.update(flat(v, f"{prefix}{k}."))
+        else:
+            out[prefix + k] = v
+    return out
+
+
+def wandb_runs(root: Path) -> list[dict]:
+    return [read_run(f) for f in sorted(root.glob("**/wandb/offline-run-*"))]
+
+
+def env(tmp: Path) -> dict:
+    return {"PATH": "/usr/bin:/bin", "HOME": str(tmp), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
+            "WANDB_DIR": str(tmp), "WANDB_SILENT": "true"}  # no WANDB_API_KEY: offline
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory) -> Path:
+    """Three successful jobs in one process (one `-m` call)."""
+    tmp = tmp_path_factory.mktemp("wb")
+    out = subprocess.run(
+        [sys.executable, "-m", "genrec.train", "-m", "experiment=tiny", "trainer.max_epochs=1", "logger=wandb",
+         "objective=ce,apao_pointwise,msl", f"hydra.sweep.dir={tmp}/my_sweep", f"data_dir={tmp}/data"],
+        cwd=ROOT, env=env(tmp), capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return tmp / "my_sweep"
+
+
+def test_every_sweep_job_owns_one_finished_wandb_run(sweep):
+    jobs = sorted(p for p in sweep.iterdir() if p.is_dir())
+    assert len(jobs) == 3
+    seen = set()
+    for job in jobs:
+        (folder,) = job.glob("wandb/offline-run-*")  # the job's own run, in its own dir
+        run = read_run(folder)
+        metrics = json.loads((job / "metrics.json").read_text())
+        assert run["exit_code"] == 0, f"{job.name}: W&B run not finished"
+        # Its own config, summary and final table: the numbers of this job's metrics.json.
+        own = flat(OmegaConf.to_container(OmegaConf.load(job / "config.yaml")))
+        assert {k: v for k, v in run["config"].items() if k.startswith("objective.")} == \
+            {k: v for k, v in own.items() if k.startswith("objective.")}
+        assert run["summary"]["test/ndcg@5"] == pytest.approx(metrics["test/ndcg@5"])
+        final = dict(run["tables"]["final_metrics"]["data"])
+        assert final["test/recall@5"] == pytest.approx(metrics["test/recall@5"])
+        # Only its own curves: one epoch of validation, not the other jobs' too.
+        assert sum("val/ndcg@5" in h for h in run["history"]) == 1
+        assert ("train/apao/w1" in str(run["history"])) == (metrics["objective"] == "apao_pointwise")
+        seen.add(metrics["objective"])
+    assert seen == {"ce", "apao_pointwise", "msl"}
+    assert len(wandb_runs(sweep)) == 3
