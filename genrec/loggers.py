@@ -1,21 +1,73 @@
-"""Experiment tracking: W&B (offline unless an API key is configured) and final-result tables."""
+"""Experiment tracking: W&B (offline unless an API key is configured) and final-result tables.
+
+Every job owns one W&B run: a sweep's jobs share a process, so a job's run is finished when the job
+ends (`close_wandb`, exit code 0 or 1) and a new logger never adopts a run left open. Runs carry a
+flat config (`objective.beta`, ...) and are grouped by sweep, with job type `<dataset>/<backbone>/<objective>`.
+"""
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
+from typing import Any
 
 from lightning.pytorch.loggers import Logger, WandbLogger
 
 
-def wandb(project: str, group: str | None = None, tags: list[str] | None = None, save_dir: str = ".",
-          offline: bool | None = None, log_model: bool = False, name: str | None = None) -> WandbLogger:
-    """Lightning's WandbLogger; `offline=None` means offline unless WANDB_API_KEY is set (or
-    WANDB_MODE says otherwise). Offline runs land in `<run dir>/wandb/offline-run-*`:
-    upload them later with `wandb sync <run dir>/wandb/offline-run-*`."""
+def _offline(offline: bool | None) -> bool:
+    """`None`: offline unless WANDB_API_KEY is set (or WANDB_MODE says offline/disabled)."""
     if offline is None:
-        offline = os.environ.get("WANDB_MODE", "") in ("offline", "disabled") or not os.environ.get("WANDB_API_KEY")
-    return WandbLogger(project=project, group=group, tags=list(tags or []), save_dir=save_dir, offline=offline,
-                       log_model=log_model, name=name)
+        return os.environ.get("WANDB_MODE", "") in ("offline", "disabled") or not os.environ.get("WANDB_API_KEY")
+    return offline
+
+
+def flat(d: dict, prefix: str = "") -> dict:
+    """{"objective": {"beta": 1}} -> {"objective.beta": 1}: W&B's parallel-coordinates and sweep
+    views need one column per setting."""
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out.update(flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def sweep_group() -> str | None:
+    """The sweep a `-m` job belongs to: its sweep dir's name; None for a single run or outside Hydra."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+        return None
+    return Path(HydraConfig.get().sweep.dir).name
+
+
+class JobWandbLogger(WandbLogger):
+    """Lightning's WandbLogger that starts its own run and logs the config flat."""
+
+    @property
+    def experiment(self):
+        import wandb as wb
+
+        if self._experiment is None and wb.run is not None:
+            wb.finish(exit_code=1)  # left open by an earlier job of this process that never finished it
+        return super().experiment
+
+    def log_hyperparams(self, params: dict[str, Any]) -> None:
+        super().log_hyperparams(flat(dict(params)))
+
+
+def wandb(project: str, group: str | None = None, job_type: str | None = None, tags: list[str] | None = None,
+          experiment: str | None = None, save_dir: str = ".", offline: bool | None = None, log_model: bool = False,
+          name: str | None = None) -> WandbLogger:
+    """One W&B run for this job. `group=None`: the sweep (`sweep_group`); `tags` plus the experiment
+    preset's name; `name=None`: the run dir's name. Offline runs land in `<run dir>/wandb/offline-run-*`:
+    upload them later with `wandb sync <run dir>/wandb/offline-run-*`."""
+    tags = list(tags or []) + ([experiment] if experiment and experiment not in (tags or []) else [])
+    return JobWandbLogger(project=project, group=group or sweep_group(), job_type=job_type, tags=tags,
+                          save_dir=save_dir, offline=_offline(offline), log_model=log_model,
+                          name=name or Path(save_dir).name)
 
 
 def log_final(logger: Logger | None, result: dict) -> None:
@@ -36,7 +88,8 @@ def log_final(logger: Logger | None, result: dict) -> None:
 
 
 def close_wandb(exit_code: int = 0) -> None:
-    """Finish a W&B run left open (by a failed job), if W&B was used at all."""
+    """Finish this job's W&B run (exit code 0: success, 1: failed), if W&B was used at all;
+    the next job of a sweep then starts its own."""
     import sys
 
     if "wandb" in sys.modules and sys.modules["wandb"].run is not None:

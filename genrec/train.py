@@ -151,6 +151,7 @@ def run(cfg: DictConfig, objective_name: str | None = None) -> dict:
         print_summary(result, data.summary)
     if trainer.logger is not None:
         trainer.logger.finalize("success")
+    close_wandb(exit_code=0)  # this job's run; the next job of a sweep starts its own
     return result
 
 

@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from test_wandb import read_run
+
 ROOT = Path(__file__).parents[1]
 
 
@@ -28,14 +30,16 @@ def test_sweep_logs_wandb_offline_and_records_a_failed_job(tmp_path):
     assert out.returncode != 0  # Hydra reports the failure after all jobs ran
     # One data artefact per stage, shared by all jobs.
     assert len(list((tmp_path / "data" / "sids").glob("[0-9a-f]*[!k]"))) == 1
-    for job in ok:
-        files = list(job.glob("wandb/offline-run-*/run-*.wandb"))
-        assert files, f"no offline W&B run in {job}"
-        blob = files[0].read_bytes()
-        for key in (b"test/recall@5", b"train/loss", b"val/ndcg@5", b"final_metrics"):
-            assert key in blob, key
-    apao = next(j for j in ok if "apao" in j.name)
-    assert b"train/apao/w1" in next(apao.glob("wandb/offline-run-*/run-*.wandb")).read_bytes()
+    # Each job's own W&B run, finished with its job's exit code (0 ok, 1 failed).
+    for job in jobs:
+        (folder,) = job.glob("wandb/offline-run-*")
+        run = read_run(folder)
+        assert run["exit_code"] == (0 if job in ok else 1), job.name
+        assert run["config"]["optim.lr"] == (1e30 if job in failed else 3e-3)
+        if job in ok:
+            assert "test/recall@5" in run["summary"] and "final_metrics" in run["tables"]
+            assert any("train/loss" in h for h in run["history"]) and any("val/ndcg@5" in h for h in run["history"])
+            assert ("train/apao/w1" in str(run["history"])) == ("apao" in job.name)
     # ... and the sweep reports into a table: both objectives' rows, the failed configs not counted.
     rep = subprocess.run([sys.executable, "-m", "genrec.report", f"runs=[{sweep}]", f"out={tmp_path}/report",
                           "metrics=[recall@5,ndcg@5]"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
