@@ -124,3 +124,26 @@ def test_every_sweep_job_owns_one_finished_wandb_run(sweep):
         seen.add(metrics["objective"])
     assert seen == {"ce", "apao_pointwise", "msl"}
     assert len(wandb_runs(sweep)) == 3
+
+
+def test_runs_are_grouped_by_sweep_typed_by_cell_and_carry_the_flat_config(sweep):
+    for job in sorted(p for p in sweep.iterdir() if p.is_dir()):
+        (run,) = wandb_runs(job)
+        metrics = json.loads((job / "metrics.json").read_text())
+        assert run["group"] == "my_sweep"
+        assert run["job_type"] == f"synthetic/tiger_tiny/{metrics['objective']}"
+        assert run["tags"] == ["tiny"]  # the experiment preset
+        # Every setting its own dotted key, with the job's resolved value.
+        assert run["config"] == flat(OmegaConf.to_container(OmegaConf.load(job / "config.yaml")))
+        assert run["config"]["trainer.batch_size"] == 64 and "objective" not in run["config"]
+
+
+def test_a_single_run_has_no_group_and_keeps_its_tags(sweep, tmp_path):
+    out = subprocess.run(
+        [sys.executable, "-m", "genrec.train", "experiment=tiny", "trainer.max_epochs=1", "logger=wandb",
+         "tags=[mine]", f"hydra.run.dir={tmp_path}/single", f"data_dir={sweep.parent}/data"],
+        cwd=ROOT, env=env(tmp_path), capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    (run,) = wandb_runs(tmp_path / "single")
+    assert run["group"] == "" and run["job_type"] == "synthetic/tiger_tiny/ce"
+    assert run["tags"] == ["mine", "tiny"] and run["exit_code"] == 0
