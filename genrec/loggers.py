@@ -94,3 +94,32 @@ def close_wandb(exit_code: int = 0) -> None:
 
     if "wandb" in sys.modules and sys.modules["wandb"].run is not None:
         sys.modules["wandb"].finish(exit_code=exit_code)
+
+
+def log_report(out: Path, summary: dict, project: str, group: str | None = None, offline: bool | None = None) -> str:
+    """The report in `out` (genrec.report's table.csv, cells.csv and PNGs) as one W&B run of job type
+    `report`: `paper_table` (Table-1 layout as shown: mean ± std (gain over the baseline)), `paper_cells`
+    (one numeric row per cell, for W&B's own charts) and each plot as an image. Returns the run's folder."""
+    import csv
+
+    import wandb as wb
+
+    def table(name: str, numeric: bool = False) -> wb.Table:
+        with (out / name).open(newline="") as f:
+            head, *rows = list(csv.reader(f))
+        return wb.Table(columns=head, data=[[_number(x) for x in r] if numeric else r for r in rows])
+
+    config = {k: summary[k] for k in ("split", "metrics", "baseline")}
+    with wb.init(project=project, job_type="report", group=group, name=f"report-{out.name}", dir=str(out),
+                 config=config, mode="offline" if _offline(offline) else "online") as run:
+        run.log({"paper_table": table("table.csv"), "paper_cells": table("cells.csv", numeric=True),
+                 **{f"plots/{Path(p).stem}": wb.Image(str(out / p)) for p in summary["files"] if p.endswith(".png")}})
+        run.summary.update({f"runs/{k}": v for k, v in summary["runs"].items()})
+        return str(Path(run.dir).parent)
+
+
+def _number(x: str) -> float | str | None:
+    try:
+        return float(x)
+    except ValueError:
+        return x or None

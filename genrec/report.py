@@ -457,6 +457,11 @@ def main(cfg: DictConfig) -> None:
         sys.exit(2)
     print((Path(cfg.out) / "table.md").read_text())
     print("\n".join(s["notes"] + [f"runs: {s['runs']}", f"wrote {cfg.out}/: " + ", ".join(s["files"])]))
+    if cfg.wandb:
+        from genrec.loggers import log_report
+
+        group = Path(runs[0]).name if len(runs) == 1 else None  # one sweep: the report joins its runs' group
+        print(f"W&B run: {log_report(Path(cfg.out), s, cfg.wandb_project, group)} (offline: `wandb sync` it)")
 
 
 if __name__ == "__main__":

@@ -147,3 +147,35 @@ def test_a_single_run_has_no_group_and_keeps_its_tags(sweep, tmp_path):
     (run,) = wandb_runs(tmp_path / "single")
     assert run["group"] == "" and run["job_type"] == "synthetic/tiger_tiny/ce"
     assert run["tags"] == ["mine", "tiny"] and run["exit_code"] == 0
+
+
+def test_report_logs_the_paper_table_and_plots_as_one_wandb_run(sweep, tmp_path):
+    out = tmp_path / "report"
+    rep = subprocess.run([sys.executable, "-m", "genrec.report", f"runs=[{sweep}]", f"out={out}", "wandb=true",
+                          "metrics=[recall@5,ndcg@5]"], cwd=ROOT, env=env(tmp_path), capture_output=True, text=True,
+                         timeout=300)
+    assert rep.returncode == 0, rep.stderr[-2000:]
+    (run,) = wandb_runs(out)
+    (job,) = wandb_runs(sweep / "0_tiger_tiny-ce")
+    assert run["job_type"] == "report" and run["project"] == job["project"] and run["group"] == "my_sweep"
+    assert run["exit_code"] == 0 and run["config"]["metrics"] == ["recall@5", "ndcg@5"]
+    # paper_table: the Table-1 layout, as report's table.csv shows it.
+    table = run["tables"]["paper_table"]
+    assert table["columns"] == ["Backbone", "Objective", "synthetic recall@5", "synthetic ndcg@5"]
+    rows = {r[1]: r[2:] for r in table["data"]}
+    assert set(rows) == {"CE", "MSL", "APAO-pointwise"} and {r[0] for r in table["data"]} == {"tiger_tiny"}
+    by_objective = {json.loads((j / "metrics.json").read_text())["objective"]: json.loads((j / "metrics.json").read_text())
+                    for j in sweep.iterdir() if j.is_dir()}
+    ce, msl = by_objective["ce"], by_objective["msl"]
+    assert rows["CE"][0] == f"{ce['test/recall@5']:.4f}"  # one seed: no std; the baseline: no gain
+    gain = 100 * (msl["test/ndcg@5"] / ce["test/ndcg@5"] - 1)
+    assert rows["MSL"][1] == f"{msl['test/ndcg@5']:.4f} ({gain:+.2f}%)"
+    cells = run["tables"]["paper_cells"]
+    mean = cells["columns"].index("mean")
+    assert sorted(r[mean] for r in cells["data"]) == pytest.approx(sorted(
+        m[f"test/{k}"] for m in by_objective.values() for k in ("recall@5", "ndcg@5")))
+    # Each PNG of the report as an image of the run.
+    pngs = sorted(p.name for p in out.glob("*.png"))
+    images = {k: p for k, p in run["media"].items() if k.startswith("plots/")}
+    assert pngs and sorted(k[len("plots/"):] + ".png" for k in images) == pngs
+    assert all(p.read_bytes()[:4] == b"\x89PNG" for p in images.values())
