@@ -164,8 +164,8 @@ def test_report_logs_the_paper_table_and_plots_as_one_wandb_run(sweep, tmp_path)
     assert table["columns"] == ["Backbone", "Objective", "synthetic recall@5", "synthetic ndcg@5"]
     rows = {r[1]: r[2:] for r in table["data"]}
     assert set(rows) == {"CE", "MSL", "APAO-pointwise"} and {r[0] for r in table["data"]} == {"tiger_tiny"}
-    by_objective = {json.loads((j / "metrics.json").read_text())["objective"]: json.loads((j / "metrics.json").read_text())
-                    for j in sweep.iterdir() if j.is_dir()}
+    results = [json.loads((j / "metrics.json").read_text()) for j in sweep.iterdir() if j.is_dir()]
+    by_objective = {m["objective"]: m for m in results}
     ce, msl = by_objective["ce"], by_objective["msl"]
     assert rows["CE"][0] == f"{ce['test/recall@5']:.4f}"  # one seed: no std; the baseline: no gain
     gain = 100 * (msl["test/ndcg@5"] / ce["test/ndcg@5"] - 1)
