@@ -2,7 +2,8 @@
 
 Each URL streams to `<root>/<basename>` through a temp file in the same folder and an atomic
 rename, so an interrupted or failed download never leaves a file a later run would trust.
-Files already present are skipped. Datasets without a public URL (Yelp) print where to get them.
+Files already present are skipped. Datasets without a public URL (Yelp) print where to get them;
+files a dataset lists under `manual` (published nowhere we can fetch) are an error until they are in place.
 """
 
 from __future__ import annotations
@@ -78,6 +79,10 @@ def fetch_dataset(cfg: DictConfig, fetch: Callable = urllib.request.urlopen) -> 
         return []
     paths = download(urls, root, fetch)
     print(f"dataset={ds.name}: {len(paths)} files in {root}")
+    missing = [f for f in ds.get("manual") or [] if not (root / f).exists() and not (root / f"{f}.gz").exists()]
+    if missing:
+        raise DataError(f"dataset={ds.name}: {', '.join(missing)} cannot be downloaded: get it from "
+                        f"{ds.get('download_page') or 'the dataset home page'} and put it in {root}")
     return paths
 
 

@@ -71,6 +71,9 @@ class GenRec(L.LightningModule):
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         self._eval_step(batch)
+        if self.cfg.trainer.monitor == "val/objective_loss":  # the APAO release selects on its training loss
+            loss, _ = self.objective(batch, self.backbone, self.trie)
+            self._rows[-1]["objective_loss"] = loss.detach().float().expand(len(batch["index"]))
 
     def test_step(self, batch: dict, batch_idx: int) -> None:
         self._eval_step(batch)
@@ -114,6 +117,16 @@ class GenRec(L.LightningModule):
         self._eval_epoch_end("test")
 
     # ---- optimisation ---------------------------------------------------------------
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
+        """`trainer.clip_on: sum` reproduces the APAO release (HF Trainer 4.51 with a `**kwargs` forward never
+        divides the loss by the accumulation count): the optimizer steps on, and clipping bounds, the SUM of the
+        micro-batch gradients; Lightning's default (`mean`) divides by it."""
+        if self.cfg.trainer.get("clip_on", "mean") == "sum":
+            for p in self.parameters():
+                if p.grad is not None:
+                    p.grad.mul_(self.trainer.accumulate_grad_batches)
+        self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
+
     def configure_optimizers(self):
         o = self.cfg.optim
         params = [p for p in self.parameters() if p.requires_grad]  # S-DPO's reference is frozen

@@ -102,8 +102,12 @@ def run(cfg: DictConfig, objective_name: str | None = None) -> dict:
     if cfg.trainer.deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
-    data = prepare(cfg, log=lambda m: print(m, file=sys.stderr))
     t = cfg.trainer
+    if t.monitor_mode not in ("max", "min"):
+        raise DataError(f"trainer.monitor_mode={t.monitor_mode!r} must be max or min")
+    if t.get("clip_on", "mean") not in ("mean", "sum"):
+        raise DataError(f"trainer.clip_on={t.clip_on!r} must be mean or sum")
+    data = prepare(cfg, log=lambda m: print(m, file=sys.stderr))
     dm = SeqDataModule(data.seq, data.sids, cfg.dataset.max_history, t.batch_size, t.eval_batch_size, cfg.seed,
                        t.num_workers)
     world = int(t.devices if isinstance(t.devices, int) else 1) * int(t.num_nodes)
@@ -114,9 +118,9 @@ def run(cfg: DictConfig, objective_name: str | None = None) -> dict:
         batches = int(batches * t.limit_train_batches)
     module = GenRec(cfg, data.sids, dm.item_counts(), max(1, math.ceil(batches / t.accumulate)))
 
-    ckpt = ModelCheckpoint(dirpath=run_dir / "checkpoints", filename="best", monitor=t.monitor, mode="max",
+    ckpt = ModelCheckpoint(dirpath=run_dir / "checkpoints", filename="best", monitor=t.monitor, mode=t.monitor_mode,
                            save_last=True, auto_insert_metric_name=False, enable_version_counter=False)
-    stop = EarlyStopping(monitor=t.monitor, mode="max", patience=t.patience)
+    stop = EarlyStopping(monitor=t.monitor, mode=t.monitor_mode, patience=t.patience)
     trainer = L.Trainer(
         max_epochs=t.max_epochs, accelerator=t.accelerator, devices=t.devices, num_nodes=t.num_nodes,
         strategy=t.strategy, precision=t.precision, accumulate_grad_batches=t.accumulate,
@@ -135,11 +139,11 @@ def run(cfg: DictConfig, objective_name: str | None = None) -> dict:
     history = list(module.history)
     best = ckpt.best_model_path or str(last)
     trainer.test(module, dm, ckpt_path=best, verbose=False)
-    best_epoch = max(history, key=lambda h: h.get(t.monitor.split("/", 1)[1], -1))["epoch"] if history else None
+    best_epoch = best_of(history, t.monitor, t.monitor_mode)
     result = {
         **{f"test/{k}": v for k, v in module.last_metrics["test"].items()},
         **({f"val/{k}": v for k, v in next(h for h in history if h["epoch"] == best_epoch).items() if k != "epoch"}
-           if history else {}),
+           if best_epoch is not None else {}),
         "best_epoch": best_epoch, "epochs": trainer.current_epoch, "seconds": round(time.time() - start, 1),
         "dataset": cfg.dataset.name, "backbone": _choice(cfg, "backbone"), "objective": objective_name or _choice(cfg, "objective"),
         "seed": cfg.seed, "checkpoint": best, "history": history,
@@ -153,6 +157,14 @@ def run(cfg: DictConfig, objective_name: str | None = None) -> dict:
         trainer.logger.finalize("success")
     close_wandb(exit_code=0)  # this job's run; the next job of a sweep starts its own
     return result
+
+
+def best_of(history: list[dict], monitor: str, mode: str) -> int | None:
+    """The epoch whose `monitor` (e.g. val/ndcg@10) is best under `mode` (max | min); the first on ties,
+    as the checkpoint callback keeps it. Epochs without the value never win."""
+    key, sign = monitor.split("/", 1)[1], 1 if mode == "max" else -1
+    scored = [h for h in history if key in h and h[key] == h[key]]  # drop missing and NaN
+    return max(scored, key=lambda h: sign * h[key])["epoch"] if scored else None
 
 
 def _choice(cfg: DictConfig, group: str) -> str:

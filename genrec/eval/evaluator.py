@@ -62,4 +62,6 @@ class Evaluator:
                 out[f"pruning_rate@{k}"] = metrics.pruning_rate(full, rank, k)
         if "loss" in rows:
             out["loss"] = float(rows["loss"].float().mean())  # teacher-forced CE of the held-out targets
+        if "objective_loss" in rows:  # the training objective's loss on validation batches (see GenRec)
+            out["objective_loss"] = float(rows["objective_loss"].float().mean())
         return out

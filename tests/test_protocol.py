@@ -1,0 +1,222 @@
+"""The papers' protocol as the releases run it: model selection on a loss, the release's gradient
+clipping, the release's datasets and presets, evaluation scoring modes, the Optuna return value."""
+
+import copy
+import re
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+from genrec.data.datamodule import SeqDataModule
+from genrec.lit import GenRec
+from genrec.prepare import prepare
+from genrec.train import best_of, run
+
+CONF = str(Path(__file__).parents[1] / "conf")
+SHARED = Path(__file__).parents[1].parent / "shared" / "data"
+
+
+def config(tmp_path: Path, *overrides: str, name: str = "config"):
+    with initialize_config_dir(CONF, version_base="1.3"):
+        return compose(name, overrides=["experiment=tiny", f"run_dir={tmp_path}/run",
+                                        f"data_dir={tmp_path.parent}/data", *overrides])
+
+
+# ---- model selection ---------------------------------------------------------------------
+def test_best_of_honours_the_mode_and_skips_missing_values():
+    history = [{"epoch": 0, "loss": 3.0, "ndcg@5": 0.1}, {"epoch": 1, "loss": 2.0, "ndcg@5": 0.3},
+               {"epoch": 2, "loss": 2.5, "ndcg@5": 0.3}, {"epoch": 3, "loss": float("nan")}]
+    assert best_of(history, "val/loss", "min") == 1
+    assert best_of(history, "val/ndcg@5", "max") == 1  # first of the tied epochs
+    assert best_of(history, "val/loss", "max") == 0
+    assert best_of(history, "val/recall@5", "max") is None
+
+
+def test_selection_on_the_validation_objective_loss_with_mode_min(tmp_path):
+    r = run(config(tmp_path, "trainer.max_epochs=3", "trainer.monitor=val/objective_loss",
+                   "trainer.monitor_mode=min", "objective.end_token=false"))
+    losses = [h["objective_loss"] for h in r["history"]]
+    assert r["best_epoch"] == r["history"][losses.index(min(losses))]["epoch"]
+    assert r["val/objective_loss"] == min(losses)
+    # CE without eos is exactly the evaluator's teacher-forced loss (both per-token means, eval mode)
+    for h in r["history"]:
+        assert h["objective_loss"] == pytest.approx(h["loss"], rel=1e-5)
+    ckpt = torch.load(r["checkpoint"], map_location="cpu", weights_only=False)
+    assert ckpt["epoch"] == r["best_epoch"]
+
+
+def test_objective_loss_with_end_token_averages_over_eos_too(tmp_path):
+    r = run(config(tmp_path, "trainer.max_epochs=1", "trainer.monitor=val/objective_loss",
+                   "trainer.monitor_mode=min", "objective.end_token=true"))
+    h = r["history"][0]
+    assert h["objective_loss"] != pytest.approx(h["loss"], rel=1e-3)  # T + 1 tokens, not T
+
+
+def test_bad_monitor_mode_is_one_clear_error_before_any_work(tmp_path):
+    from genrec.data.readers.common import DataError
+
+    with pytest.raises(DataError, match="trainer.monitor_mode='up' must be max or min"):
+        run(config(tmp_path, "trainer.monitor_mode=up", f"data_dir={tmp_path}/data"))
+    assert not (tmp_path / "data").exists()
+
+
+# ---- the release's gradient clipping -------------------------------------------------------
+def _module(cfg) -> tuple[GenRec, SeqDataModule]:
+    data = prepare(cfg, log=lambda m: None)
+    t = cfg.trainer
+    dm = SeqDataModule(data.seq, data.sids, cfg.dataset.max_history, t.batch_size, t.eval_batch_size, cfg.seed)
+    L.seed_everything(cfg.seed, verbose=False)
+    return GenRec(cfg, data.sids, dm.item_counts(), steps_per_epoch=100), dm
+
+
+def _reference(module: GenRec, batches: list[dict], accumulate: int, clip: float, divide: bool) -> GenRec:
+    """Explicit accumulation: backward each micro-batch loss (divided by `accumulate` or not), clip the
+    accumulated .grad at norm `clip`, AdamW step (the module's own optimizer and lr schedule)."""
+    module = copy.deepcopy(module)
+    conf = module.configure_optimizers()
+    opt, sched = conf["optimizer"], conf["lr_scheduler"]["scheduler"]
+    for i in range(0, len(batches), accumulate):
+        opt.zero_grad()
+        for b in batches[i : i + accumulate]:
+            loss, _ = module.objective(b, module.backbone, module.trie)
+            (loss / accumulate if divide else loss).backward()
+        torch.nn.utils.clip_grad_norm_(module.parameters(), clip)
+        opt.step()
+        sched.step()
+    return module
+
+
+def _flat(module: GenRec) -> torch.Tensor:
+    return torch.cat([p.detach().flatten() for p in module.backbone.parameters()])
+
+
+@pytest.mark.parametrize("clip_on", ["sum", "mean"])
+def test_clip_on_matches_explicit_accumulation_and_clipping(tmp_path, clip_on):
+    A, steps = 2, 3
+    cfg = config(tmp_path, "backbone.dropout=0.0", f"trainer.accumulate={A}", "optim.lr=1e-2",
+                 f"trainer.clip_on={clip_on}")
+    module, dm = _module(cfg)
+    batches = [b for _, b in zip(range(steps * A), dm.train_dataloader())]  # epoch 0's order, as fit sees it
+    probe = copy.deepcopy(module)
+    for b in batches[:A]:
+        probe.objective(b, probe.backbone, probe.trie)[0].backward()
+    summed = float(torch.cat([p.grad.flatten() for p in probe.parameters() if p.grad is not None]).norm())
+    clip = summed / 1.5  # binds on the sum of the first step's gradients, not on their mean (summed / A)
+    initial = copy.deepcopy(module)
+    trainer = L.Trainer(max_steps=steps, accumulate_grad_batches=A, gradient_clip_val=clip, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                        limit_val_batches=0, num_sanity_val_steps=0)
+    trainer.fit(module, dm)
+    want = _flat(_reference(initial, batches, A, clip, divide=clip_on == "mean"))
+    other = _flat(_reference(initial, batches, A, clip, divide=clip_on == "sum"))
+    got = _flat(module)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+    assert (got - other).abs().max() > 100 * (got - want).abs().max()  # the two semantics really differ here
+
+
+# ---- the release's datasets and presets ----------------------------------------------------
+def compose_release(*overrides: str):
+    with initialize_config_dir(CONF, version_base="1.3"):
+        return compose("config", overrides=list(overrides))
+
+
+@pytest.mark.parametrize("dataset, beta, eta", [("apao_office", 0.3, 1e-4), ("apao_grocery", 0.1, 5e-5),
+                                                ("apao_beauty", 0.1, 1e-5), ("apao_yelp", 0.05, 1e-5)])
+def test_apao_table1_applies_table5_per_dataset(dataset, beta, eta):
+    cfg = compose_release("experiment=apao_table1", f"dataset={dataset}", "objective=apao_pointwise")
+    assert (cfg.objective.beta, cfg.objective.eta) == (beta, eta)
+    assert cfg.objective.end_token is True and cfg.tokenizer.collision == "merge"
+    assert (cfg.trainer.monitor, cfg.trainer.monitor_mode, cfg.trainer.clip_on) == ("val/objective_loss", "min", "sum")
+    assert cfg.trainer.batch_size * cfg.trainer.accumulate == 1024
+
+
+def test_apao_presets_leave_other_objectives_and_defaults_alone():
+    sdpo = compose_release("experiment=apao_table1", "objective=sdpo_2stage", "backbone=llama")
+    assert "beta" not in sdpo.objective and "end_token" not in sdpo.objective  # SDPO takes neither
+    assert sdpo.backbone.rms_norm_eps == 1e-5
+    plain = compose_release("dataset=apao_office", "objective=apao_pointwise", "backbone=llama")
+    assert (plain.objective.beta, plain.objective.end_token, plain.backbone.rms_norm_eps) == (0.1, False, 1e-6)
+    assert plain.tokenizer.collision == "merge"  # the dataset brings the release's SIDs
+    assert compose_release("dataset=office").tokenizer._target_.endswith("RQKMeans")
+
+
+def test_cfg_job_command_shows_table5_values():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "genrec.train", "experiment=apao_table1", "dataset=apao_office",
+                          "objective=apao_pointwise", "--cfg", "job", "--resolve"], cwd=Path(CONF).parent,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    objective = re.search(r"^objective:\n((?:  .*\n)+)", out.stdout, re.M).group(1)  # that block only
+    assert "  beta: 0.3\n" in objective and "  eta: 0.0001\n" in objective
+
+
+@pytest.mark.skipif(not (SHARED / "apao-office").exists(), reason="needs ../shared/data")
+def test_apao_office_is_the_release_data_and_either_colliding_item_is_a_hit(tmp_path):
+    import numpy as np
+
+    from genrec.eval.evaluator import Evaluator
+    from genrec.eval.trie import Trie
+    from toy import ToyBackbone
+
+    cfg = compose_release("dataset=apao_office", f"dataset.root={SHARED / 'apao-office'}", f"data_dir={tmp_path}")
+    data = prepare(cfg, log=lambda m: None)
+    s = data.summary
+    assert (s["users"], s["items"], s["interactions"], s["unique_codes"]) == (4905, 2420, 53258, 2415)
+    assert s["train_examples"] == 53258 - 3 * 4905  # the release's T5 training pairs
+    sids = data.sids
+    counts = np.bincount(sids.item_to_cand)
+    shared = int(np.flatnonzero(counts == 2)[0])
+    i, j = np.flatnonzero(sids.item_to_cand == shared)
+    trie = Trie(sids)
+    backbone = ToyBackbone(sids.vocab_size).eval()
+    tok = sids.item_tokens()
+    history = tok[:3].reshape(1, -1).repeat(2, 1)
+    batch = {"history": torch.cat([history, torch.ones(2, 1, dtype=torch.long)], 1),
+             "mask": torch.ones(2, history.shape[1] + 1, dtype=torch.bool), "target": tok[[i, j]],
+             "target_cand": torch.from_numpy(sids.item_to_cand[[i, j]]), "index": torch.arange(2)}
+    rows = Evaluator(beam=sids.num_candidates, ks=[10], full_rank=True).per_example(backbone, trie, batch)
+    assert rows["rank"][0] == rows["rank"][1] >= 1  # one candidate: returned once, a hit for either item
+    assert rows["rank"][0] == rows["full_rank"][0]
+
+
+def test_download_fetches_the_release_files_and_names_what_it_cannot(tmp_path):
+    from omegaconf import OmegaConf
+
+    from genrec.data.readers.common import DataError
+    from genrec.download import fetch_dataset
+
+    class Response:
+        headers: dict = {}
+
+        def __init__(self, body: bytes) -> None:
+            self.body = body
+
+        def read(self, n):
+            body, self.body = self.body, b""
+            return body
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    urls = []
+    fetch = lambda url: urls.append(url) or Response(b"{}")  # noqa: E731
+    office = compose_release("dataset=apao_office", f"data_dir={tmp_path}")
+    paths = fetch_dataset(office, fetch)
+    assert [p.name for p in paths] == ["Office.inter.json", "Office.item.json", "Office.index.rq-kmeans.json"]
+    assert all(p.parent == tmp_path / "raw" / "apao" / "Office" for p in paths)
+    assert all(u.startswith("https://raw.githubusercontent.com/yuyq18/APAO/") for u in urls)
+    assert OmegaConf.select(office, "tokenizer.path") == str(paths[2])
+    beauty = compose_release("dataset=apao_beauty", f"data_dir={tmp_path}")
+    with pytest.raises(DataError, match=r"Beauty.inter.json cannot be downloaded: get it from .* and put it in .*Beauty"):
+        fetch_dataset(beauty, fetch)
+    assert (tmp_path / "raw" / "apao" / "Beauty" / "Beauty.index.rq-kmeans.json").exists()
+    (tmp_path / "raw" / "apao" / "Beauty" / "Beauty.inter.json").write_text("{}")
+    fetch_dataset(beauty, fetch)  # in place now: no error
