@@ -8,6 +8,7 @@ rows are gathered, de-duplicated by example index and only then summarised.
 from __future__ import annotations
 
 import math
+import time
 
 import lightning as L
 import torch
@@ -37,6 +38,7 @@ class GenRec(L.LightningModule):
         self._rows: list[dict] = []
         self.history: list[dict] = []  # validation metrics per epoch (checkpointed)
         self.last_metrics: dict[str, dict] = {}
+        self._clock = (time.time(), 0.0)  # (this process's start, seconds spent before it: a resumed run's)
 
     @property
     def trie(self) -> Trie:
@@ -101,14 +103,20 @@ class GenRec(L.LightningModule):
         # Every rank holds the same gathered rows, so no further reduction is needed.
         self.log_dict({f"{prefix}/{k}": float(v) for k, v in metrics.items()}, sync_dist=False)
         if prefix == "val" and not self.trainer.sanity_checking:
-            self.history.append({"epoch": self.current_epoch, **metrics})
+            self.history.append({"epoch": self.current_epoch, **metrics, "seconds": round(self.elapsed(), 1)})
         self.last_metrics[prefix] = metrics
+
+    def elapsed(self) -> float:
+        """Wall seconds of training and validation so far, over every process of a resumed run."""
+        return self._clock[1] + time.time() - self._clock[0]
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["val_history"] = self.history
+        checkpoint["elapsed"] = self.elapsed()
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self.history = checkpoint.get("val_history", [])
+        self._clock = (time.time(), checkpoint.get("elapsed", 0.0))
 
     def on_validation_epoch_end(self) -> None:
         self._eval_epoch_end("val")
