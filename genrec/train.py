@@ -78,6 +78,7 @@ def run_stage1(cfg: DictConfig, run_dir: Path) -> None:
         ce = cfg.copy()
         with open_dict(ce):
             ce.objective = OmegaConf.load(CONF / "objective" / "ce.yaml")
+            ce.objective.pop("defaults")  # its eval scoring default: the same as S-DPO's (full)
             ce.run_dir, ce.resume = str(stage1), (stage1 / "checkpoints" / "last.ckpt").exists()
             ce.logger = {"_target_": "lightning.pytorch.loggers.CSVLogger", "save_dir": str(stage1), "name": "logs",
                          "version": ""}
@@ -146,7 +147,8 @@ def run(cfg: DictConfig, objective_name: str | None = None) -> dict:
            if best_epoch is not None else {}),
         "best_epoch": best_epoch, "epochs": trainer.current_epoch, "seconds": round(time.time() - start, 1),
         "dataset": cfg.dataset.name, "backbone": _choice(cfg, "backbone"), "objective": objective_name or _choice(cfg, "objective"),
-        "seed": cfg.seed, "checkpoint": best, "history": history,
+        "seed": cfg.seed, "eval_score": module.evaluator.score, "eval_temperature": module.evaluator.temperature,
+        "checkpoint": best, "history": history,
     }
     if trainer.is_global_zero:
         write_json(run_dir / "metrics.json", result)

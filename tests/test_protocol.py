@@ -220,3 +220,71 @@ def test_download_fetches_the_release_files_and_names_what_it_cannot(tmp_path):
     assert (tmp_path / "raw" / "apao" / "Beauty" / "Beauty.index.rq-kmeans.json").exists()
     (tmp_path / "raw" / "apao" / "Beauty" / "Beauty.inter.json").write_text("{}")
     fetch_dataset(beauty, fetch)  # in place now: no error
+
+
+# ---- evaluation scoring: full | masked, temperature -----------------------------------------
+def brute_force_scores(backbone, history, mask, sids, score: str, temperature: float) -> torch.Tensor:
+    """S(y|x) [B, C] by explicit loops over candidates and steps: log_softmax(z / tau) over the whole
+    vocabulary (full) or over the set of codes some candidate continues the prefix with (masked)."""
+    cand = [tuple(c) for c in sids.cand_tokens().tolist()]
+    enc = backbone.encode(history, mask)
+    out = torch.zeros(history.shape[0], len(cand))
+    for c, y in enumerate(cand):
+        for t in range(len(y)):
+            z = backbone.prefix_logits(enc, torch.tensor([[list(y[:t])]] * history.shape[0]))[:, 0, -1].float()
+            z = z / temperature
+            if score == "masked":
+                allowed = sorted({x[t] for x in cand if x[:t] == y[:t]})
+                keep = torch.full_like(z, float("-inf"))
+                keep[:, allowed] = 0
+                z = z + keep
+            out[:, c] += torch.log_softmax(z, -1)[:, y[t]]
+    return out
+
+
+@pytest.mark.parametrize("score, temperature", [("full", 1.0), ("full", 2.0), ("masked", 1.0), ("masked", 2.0)])
+def test_beam_and_full_ranking_score_like_brute_force(score, temperature):
+    from toy import ToyBackbone, random_batch, random_sids
+
+    from genrec.eval.beam import beam_search
+    from genrec.eval.fullrank import full_scores
+    from genrec.eval.trie import Trie
+
+    sids = random_sids(30, [4, 3, 3], seed=3)
+    trie, bb = Trie(sids), ToyBackbone(sids.vocab_size, seed=3)
+    batch = random_batch(sids, 5, seed=3)
+    enc = bb.encode(batch["history"], batch["mask"])
+    want = brute_force_scores(bb, batch["history"], batch["mask"], sids, score, temperature)
+    torch.testing.assert_close(full_scores(bb, enc, trie, 7, score, temperature), want, rtol=0, atol=1e-5)
+    wide = beam_search(bb, enc, trie, sids.num_candidates, score, temperature)  # exact: nothing pruned
+    torch.testing.assert_close(wide.scores, want.sort(1, descending=True).values, rtol=0, atol=1e-5)
+    torch.testing.assert_close(want.gather(1, wide.cands), wide.scores, rtol=0, atol=1e-5)
+    narrow = beam_search(bb, enc, trie, 4, score, temperature)
+    torch.testing.assert_close(want.gather(1, narrow.cands), narrow.scores, rtol=0, atol=1e-5)
+    other = brute_force_scores(bb, batch["history"], batch["mask"], sids, "full" if score == "masked" else "masked",
+                               temperature)
+    assert (other - want).abs().max() > 0.1  # the two modes really score differently on this catalogue
+
+
+def test_scoring_defaults_follow_the_objective_and_are_recorded(tmp_path):
+    for objective, want in [("ce", ("full", 1.0)), ("apao_pairwise", ("full", 1.0)), ("sdpo", ("full", 1.0)),
+                            ("msl", ("masked", 2.0)), ("bear", ("masked", 1.0))]:
+        cfg = compose_release(f"objective={objective}", "eval=bear")
+        assert (cfg.eval.score, cfg.eval.temperature) == want, objective
+    r = run(config(tmp_path, "trainer.max_epochs=1", "objective=msl"))
+    assert (r["eval_score"], r["eval_temperature"]) == ("masked", 2.0)
+    from genrec.evaluate import evaluate
+
+    def again(*over):
+        with initialize_config_dir(CONF, version_base="1.3"):
+            return evaluate(compose("evaluate", overrides=[f"ckpt={tmp_path}/run", "eval.beam=5", "eval.ks=[1,5]",
+                                                           f"data_dir={tmp_path.parent}/data", *over]))
+
+    same = again()  # the run's own scoring
+    assert (same["eval_score"], same["eval_temperature"]) == ("masked", 2.0)
+    assert same["test/ndcg@5"] == pytest.approx(r["test/ndcg@5"], rel=1e-6)
+    full = again("eval.score=full", "eval.temperature=1.0")
+    assert (full["eval_score"], full["eval_temperature"]) == ("full", 1.0)
+    assert (tmp_path / "run" / "eval" / "test-beam5-full-t1.json").exists()
+    with pytest.raises(Exception, match="eval.score='soft' must be one of full, masked"):
+        again("eval.score=soft")
