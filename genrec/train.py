@@ -213,7 +213,9 @@ def main(cfg: DictConfig) -> float | None:
             print(f"error: {e}", file=sys.stderr)
             sys.exit(2)
         raise
-    return result.get(f"test/{cfg.trainer.monitor.split('/', 1)[1]}")  # the value Optuna sweeps optimise
+    # What Optuna sweeps optimise: the monitored VALIDATION value at the best epoch (never test: leakage);
+    # its direction is trainer.monitor_mode.
+    return result.get(cfg.trainer.monitor)
 
 
 if __name__ == "__main__":

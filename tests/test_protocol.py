@@ -288,3 +288,19 @@ def test_scoring_defaults_follow_the_objective_and_are_recorded(tmp_path):
     assert (tmp_path / "run" / "eval" / "test-beam5-full-t1.json").exists()
     with pytest.raises(Exception, match="eval.score='soft' must be one of full, masked"):
         again("eval.score=soft")
+
+
+# ---- sweeps optimise validation, never test ---------------------------------------------------
+@pytest.mark.parametrize("monitor, mode", [("val/ndcg@5", "max"), ("val/loss", "min")])
+def test_main_returns_the_best_validation_value_not_test(tmp_path, monitor, mode):
+    import json
+
+    from genrec.train import main
+
+    cfg = config(tmp_path, "trainer.max_epochs=2", f"trainer.monitor={monitor}", f"trainer.monitor_mode={mode}")
+    value = main.__wrapped__(cfg)  # the function Hydra (and its Optuna sweeper) calls
+    saved = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    key = monitor.split("/", 1)[1]
+    values = [h[key] for h in saved["history"]]
+    assert value == saved[monitor] == (max(values) if mode == "max" else min(values))
+    assert saved[f"test/{key}"] != value  # a different number: the return value is not the test metric
