@@ -304,3 +304,11 @@ def test_main_returns_the_best_validation_value_not_test(tmp_path, monitor, mode
     values = [h[key] for h in saved["history"]]
     assert value == saved[monitor] == (max(values) if mode == "max" else min(values))
     assert saved[f"test/{key}"] != value  # a different number: the return value is not the test metric
+
+
+def test_listwise_is_now_pairwise_printed():
+    from genrec.objectives.apao import APAO
+
+    with pytest.raises(ValueError, match="objective.loss=listwise is now called pairwise_printed"):
+        APAO(loss="listwise")
+    assert APAO(loss="pairwise_printed").loss == "pairwise_printed"
