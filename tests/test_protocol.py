@@ -312,3 +312,38 @@ def test_listwise_is_now_pairwise_printed():
     with pytest.raises(ValueError, match="objective.loss=listwise is now called pairwise_printed"):
         APAO(loss="listwise")
     assert APAO(loss="pairwise_printed").loss == "pairwise_printed"
+
+
+# ---- BEAR's lam is the paper's lambda -----------------------------------------------------------
+@pytest.mark.parametrize("end_token", [False, True])
+def test_bear_lam_has_the_papers_strength(end_token):
+    """The paper: L = L_SFT + lam * L_reg with L_SFT = -sum_t log p(y_t) (every response token, eos
+    included) and L_reg = sum_t log sigmoid((log beta_t^B - s_t) / xi). genrec's loss is that divided by
+    the n scored tokens, so the gradient times n is the paper's, for the same lam."""
+    from obj_helpers import FixedLogits, allowed_tokens, case, make_ctx
+
+    from genrec.models.base import EOS
+    from genrec.objectives.bear import BEAR
+
+    sids, trie, batch = case(num_items=22, sizes=(4, 3, 3), batch=7)
+    B, T, V = len(batch["target"]), sids.num_levels, sids.vocab_size
+    logits = 2 * torch.randn(B, 1, T + 1, V, generator=torch.Generator().manual_seed(4))
+    lam, xi, width = 0.5, 2.0, 2
+    bb = FixedLogits(logits)
+    obj = BEAR("regularizer", lam, xi, beam=width, end_token=end_token)
+    obj.setup(make_ctx(sids, eval_beam=width), bb)
+    obj(batch, bb, trie)[0].backward()
+    z = logits.clone().requires_grad_()
+    paper = 0
+    for b in range(B):
+        y = batch["target"][b].tolist() + ([EOS] if end_token else [])
+        for t in range(len(y)):
+            logp = torch.log_softmax(z[b, 0, t], -1)
+            paper = paper - logp[y[t]] / B
+            if t < T:  # the regularizer covers the item's codes
+                ok = sorted((logp[a].item() for a in allowed_tokens(sids, y[:t])), reverse=True)
+                beta = ok[min(width, len(ok)) - 1]
+                paper = paper + lam * torch.nn.functional.logsigmoid((beta - logp[y[t]]) / xi) / B
+    paper.backward()
+    n = T + int(end_token)
+    torch.testing.assert_close(bb.logits.grad * n, z.grad, rtol=1e-4, atol=1e-6)

@@ -164,7 +164,7 @@ class APAO(CE):
             logp = torch.log_softmax(pos_logits[:, :T].float() / self.temperature, -1)
             delta = bear_lib.deltas(logp, target, trie.target_masks(target), self.bear_widths)
             reg = bear_lib.regularizer(delta, self.bear.get("xi", 2.75)).mean()
-            loss = loss + self.bear.get("lam", 0.1) * reg
+            loss = loss + self.bear.get("lam", 0.1) * reg / s.shape[-1]  # lam: the BEAR paper's (see bear.py)
             terms["apao/bear_reg"] = reg.detach()
             terms.update(bear_lib.outside_terms(delta, self.bear_widths))
         return loss, terms
