@@ -2,10 +2,12 @@
 
     python -m genrec.evaluate ckpt=<run dir or .ckpt> eval.beam=50 eval.full_rank=true
     python -m genrec.evaluate -m ckpt=<run dir> eval.beam=10,20,50,100
+    python -m genrec.evaluate ckpt=<run dir> eval.score=masked eval.temperature=2.0
 
 Rebuilds the run's model from its saved `config.yaml` (data artefacts come from the
 cache), loads the checkpoint, evaluates, and writes `<run dir>/eval/<split>-beam<K>.json`;
-the last line printed is the same JSON object.
+the last line printed is the same JSON object. Scoring (`eval.score`, `eval.temperature`) is the
+run's own unless overridden (the file name then says which).
 """
 
 from __future__ import annotations
@@ -42,9 +44,13 @@ def locate(ckpt: str) -> tuple[Path, Path]:
 def evaluate(cfg: DictConfig) -> dict:
     run_dir, ckpt = locate(cfg.ckpt)
     run_cfg = OmegaConf.load(run_dir / "config.yaml")
+    own = {"score": run_cfg.eval.get("score", "full"), "temperature": run_cfg.eval.get("temperature", 1.0)}
     with open_dict(run_cfg):
         run_cfg.eval = cfg.eval
         run_cfg.data_dir = cfg.data_dir
+        for k, v in own.items():
+            if run_cfg.eval.get(k) is None:  # null: as the run evaluates
+                run_cfg.eval[k] = v
     data = prepare(run_cfg, log=lambda m: print(m, file=sys.stderr))
     dm = SeqDataModule(data.seq, data.sids, run_cfg.dataset.max_history, cfg.batch_size, cfg.batch_size,
                        run_cfg.seed)
@@ -56,8 +62,11 @@ def evaluate(cfg: DictConfig) -> dict:
     loader = dm.test_dataloader if cfg.split == "test" else dm.val_dataloader
     trainer.test(module, dataloaders=loader(), verbose=False)  # the test step, on the chosen split
     metrics = {f"{cfg.split}/{k}": v for k, v in module.last_metrics["test"].items()}
-    result = {**metrics, "beam": cfg.eval.beam, "full_rank": cfg.eval.full_rank, "checkpoint": str(ckpt)}
-    out = run_dir / "eval" / f"{cfg.split}-beam{cfg.eval.beam}{'-full' if cfg.eval.full_rank else ''}.json"
+    score, temperature = module.evaluator.score, module.evaluator.temperature
+    result = {**metrics, "beam": cfg.eval.beam, "full_rank": cfg.eval.full_rank, "eval_score": score,
+              "eval_temperature": temperature, "checkpoint": str(ckpt)}
+    scoring = "" if (score, temperature) == (own["score"], own["temperature"]) else f"-{score}-t{temperature:g}"
+    out = run_dir / "eval" / f"{cfg.split}-beam{cfg.eval.beam}{scoring}{'-full' if cfg.eval.full_rank else ''}.json"
     out.parent.mkdir(exist_ok=True)
     write_json(out, result)
     return result

@@ -41,7 +41,7 @@ IGNORED = ("seed", "run_dir", "resume", "data_dir", "tags", "logger", "hydra", "
 SKIP_DIRS = {".hydra", "checkpoints", "logs", "eval", "wandb", ".git", ".venv", "__pycache__", "data"}
 OBJECTIVE_NAMES = {"SDPO": "S-DPO"}
 BACKBONE_NAMES = {"tiger": "TIGER", "llama": "Llama"}
-ORDER = ["CE", "MSL", "S-DPO", "S-DPO+BEAR", "BEAR", "APAO-pointwise", "APAO-pairwise", "APAO-listwise"]
+ORDER = ["CE", "MSL", "S-DPO", "S-DPO+BEAR", "BEAR", "APAO-pointwise", "APAO-pairwise", "APAO-pairwise_printed"]
 # Non-default discrete settings that make an ablation its own row rather than a tuned variant.
 ABLATIONS = {"APAO": {"weights": "paper", "negatives.kind": "uniform", "drop_prefix": None},
              "BEAR": {"form": "reweight", "widths": None}, "SDPO": {"negatives.kind": "uniform"}}

@@ -78,6 +78,7 @@ def run_stage1(cfg: DictConfig, run_dir: Path) -> None:
         ce = cfg.copy()
         with open_dict(ce):
             ce.objective = OmegaConf.load(CONF / "objective" / "ce.yaml")
+            ce.objective.pop("defaults")  # its eval scoring default: the same as S-DPO's (full)
             ce.run_dir, ce.resume = str(stage1), (stage1 / "checkpoints" / "last.ckpt").exists()
             ce.logger = {"_target_": "lightning.pytorch.loggers.CSVLogger", "save_dir": str(stage1), "name": "logs",
                          "version": ""}
@@ -146,7 +147,8 @@ def run(cfg: DictConfig, objective_name: str | None = None) -> dict:
            if best_epoch is not None else {}),
         "best_epoch": best_epoch, "epochs": trainer.current_epoch, "seconds": round(time.time() - start, 1),
         "dataset": cfg.dataset.name, "backbone": _choice(cfg, "backbone"), "objective": objective_name or _choice(cfg, "objective"),
-        "seed": cfg.seed, "checkpoint": best, "history": history,
+        "seed": cfg.seed, "eval_score": module.evaluator.score, "eval_temperature": module.evaluator.temperature,
+        "checkpoint": best, "history": history,
     }
     if trainer.is_global_zero:
         write_json(run_dir / "metrics.json", result)
@@ -212,7 +214,9 @@ def main(cfg: DictConfig) -> float | None:
             print(f"error: {e}", file=sys.stderr)
             sys.exit(2)
         raise
-    return result.get(f"test/{cfg.trainer.monitor.split('/', 1)[1]}")  # the value Optuna sweeps optimise
+    # What Optuna sweeps optimise: the monitored VALIDATION value at the best epoch (never test: leakage);
+    # its direction is trainer.monitor_mode.
+    return result.get(cfg.trainer.monitor)
 
 
 if __name__ == "__main__":

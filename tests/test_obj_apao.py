@@ -114,11 +114,11 @@ def test_collision_mask_and_hand_case_masks():
     assert [trie.num_prefixes(m) for m in (1, 2, 3)] == [3, 5, 6]
 
 
-@pytest.mark.parametrize("mode", ["pairwise", "pairwise_nomask", "pairwise_nocorr", "listwise"])
+@pytest.mark.parametrize("mode", ["pairwise", "pairwise_nomask", "pairwise_nocorr", "pairwise_printed"])
 def test_pairwise_hand_case(mode):
     sids, trie, bb, batch = _hand_case()
     beta, eta, tau, tau_p = 0.5, 0.2, 1.3, 0.8
-    loss_kind = "listwise" if mode == "listwise" else "pairwise"
+    loss_kind = "pairwise_printed" if mode == "pairwise_printed" else "pairwise"
     obj = APAO(loss_kind, "released", beta=beta, eta=eta, num_negatives=5, temperature=tau, prefix_temperature=tau_p,
                mask_collisions=mode != "pairwise_nomask", correction=mode != "pairwise_nocorr")
     obj.setup(make_ctx(sids), bb)
@@ -146,7 +146,7 @@ def test_pairwise_hand_case(mode):
                 if not masked:
                     denom = denom + c * torch.exp(S[b][1 + j][m] / tau_p)
             lm = -torch.log(torch.exp(pos) / denom)
-            total = total + (lm if mode == "listwise" else lm / (m + 1))
+            total = total + (lm if mode == "pairwise_printed" else lm / (m + 1))
         L.append(total / 2)
     for b in range(2):
         ce = ce - S[b][0][2] / (2 * 3)

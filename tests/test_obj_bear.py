@@ -64,9 +64,10 @@ def test_regularizer_matches_loop(masked):
     rows = _loop_terms(z, sids, batch, width, masked)
     B, T = len(rows), len(rows[0])
     assert any(n < width for r in rows for _, _, n in r)  # the fewer-than-B rule is used
-    ce = -sum(s for r in rows for s, _, _ in r) / (B * T)
+    # the paper: L_SFT + lam L_reg, both sums over the T tokens; genrec divides by T (its CE is a mean)
+    sft = -sum(s for r in rows for s, _, _ in r) / B
     reg = sum(torch.nn.functional.logsigmoid((lb - s) / xi) for r in rows for s, lb, _ in r) / B
-    ref = ce + lam * reg
+    ref = (sft + lam * reg) / T
     ref.backward()
     assert math.isclose(loss.item(), ref.item(), rel_tol=1e-5)
     assert torch.allclose(grad, z.grad, atol=1e-6)
@@ -106,12 +107,12 @@ def test_lam_zero_is_ce_and_masked_ce():
 
 def test_two_forms_share_the_per_token_gradient():
     """Same softmax (masked): regularizer with a detached threshold and released re-weighting give
-    every token a gradient along -grad s^t; with lam' = T lam / xi the weights agree up to one
+    every token a gradient along -grad s^t; with lam' = lam / xi the weights agree up to one
     global constant, so the whole gradients are proportional."""
     sids, trie, batch, logits = _setup(sizes=(3, 3, 4))
     T, lam, xi = sids.num_levels, 0.4, 1.3
     _, _, g_reg = _run(BEAR("regularizer", lam, xi, beam=3, masked=True), sids, trie, batch, logits)
-    _, _, g_rew = _run(BEAR("reweight", T * lam / xi, xi, beam=3), sids, trie, batch, logits)
+    _, _, g_rew = _run(BEAR("reweight", lam / xi, xi, beam=3), sids, trie, batch, logits)
     g_reg, g_rew = g_reg[:, 0, :T].flatten(0, 1), g_rew[:, 0, :T].flatten(0, 1)  # [B*T, V]
     live = g_rew.norm(dim=-1) > 0
     assert live.sum() > 5 and torch.equal(live, g_reg.norm(dim=-1) > 0)
@@ -120,7 +121,7 @@ def test_two_forms_share_the_per_token_gradient():
     ratio = g_reg[live].norm(dim=-1) / g_rew[live].norm(dim=-1)
     assert torch.allclose(ratio, ratio[0].expand_as(ratio), rtol=1e-4)  # and one global scale
     # A different lam' changes the relative token weights (the check above is not vacuous).
-    _, _, g_other = _run(BEAR("reweight", 5 * T * lam / xi, xi, beam=3), sids, trie, batch, logits)
+    _, _, g_other = _run(BEAR("reweight", 5 * lam / xi, xi, beam=3), sids, trie, batch, logits)
     other = g_reg[live].norm(dim=-1) / g_other[:, 0, :T].flatten(0, 1)[live].norm(dim=-1)
     assert not torch.allclose(other, other[0].expand_as(other), rtol=1e-3)
 

@@ -220,3 +220,130 @@ def test_download_fetches_the_release_files_and_names_what_it_cannot(tmp_path):
     assert (tmp_path / "raw" / "apao" / "Beauty" / "Beauty.index.rq-kmeans.json").exists()
     (tmp_path / "raw" / "apao" / "Beauty" / "Beauty.inter.json").write_text("{}")
     fetch_dataset(beauty, fetch)  # in place now: no error
+
+
+# ---- evaluation scoring: full | masked, temperature -----------------------------------------
+def brute_force_scores(backbone, history, mask, sids, score: str, temperature: float) -> torch.Tensor:
+    """S(y|x) [B, C] by explicit loops over candidates and steps: log_softmax(z / tau) over the whole
+    vocabulary (full) or over the set of codes some candidate continues the prefix with (masked)."""
+    cand = [tuple(c) for c in sids.cand_tokens().tolist()]
+    enc = backbone.encode(history, mask)
+    out = torch.zeros(history.shape[0], len(cand))
+    for c, y in enumerate(cand):
+        for t in range(len(y)):
+            z = backbone.prefix_logits(enc, torch.tensor([[list(y[:t])]] * history.shape[0]))[:, 0, -1].float()
+            z = z / temperature
+            if score == "masked":
+                allowed = sorted({x[t] for x in cand if x[:t] == y[:t]})
+                keep = torch.full_like(z, float("-inf"))
+                keep[:, allowed] = 0
+                z = z + keep
+            out[:, c] += torch.log_softmax(z, -1)[:, y[t]]
+    return out
+
+
+@pytest.mark.parametrize("score, temperature", [("full", 1.0), ("full", 2.0), ("masked", 1.0), ("masked", 2.0)])
+def test_beam_and_full_ranking_score_like_brute_force(score, temperature):
+    from toy import ToyBackbone, random_batch, random_sids
+
+    from genrec.eval.beam import beam_search
+    from genrec.eval.fullrank import full_scores
+    from genrec.eval.trie import Trie
+
+    sids = random_sids(30, [4, 3, 3], seed=3)
+    trie, bb = Trie(sids), ToyBackbone(sids.vocab_size, seed=3)
+    batch = random_batch(sids, 5, seed=3)
+    enc = bb.encode(batch["history"], batch["mask"])
+    want = brute_force_scores(bb, batch["history"], batch["mask"], sids, score, temperature)
+    torch.testing.assert_close(full_scores(bb, enc, trie, 7, score, temperature), want, rtol=0, atol=1e-5)
+    wide = beam_search(bb, enc, trie, sids.num_candidates, score, temperature)  # exact: nothing pruned
+    torch.testing.assert_close(wide.scores, want.sort(1, descending=True).values, rtol=0, atol=1e-5)
+    torch.testing.assert_close(want.gather(1, wide.cands), wide.scores, rtol=0, atol=1e-5)
+    narrow = beam_search(bb, enc, trie, 4, score, temperature)
+    torch.testing.assert_close(want.gather(1, narrow.cands), narrow.scores, rtol=0, atol=1e-5)
+    other = brute_force_scores(bb, batch["history"], batch["mask"], sids, "full" if score == "masked" else "masked",
+                               temperature)
+    assert (other - want).abs().max() > 0.1  # the two modes really score differently on this catalogue
+
+
+def test_scoring_defaults_follow_the_objective_and_are_recorded(tmp_path):
+    for objective, want in [("ce", ("full", 1.0)), ("apao_pairwise", ("full", 1.0)), ("sdpo", ("full", 1.0)),
+                            ("msl", ("masked", 2.0)), ("bear", ("masked", 1.0))]:
+        cfg = compose_release(f"objective={objective}", "eval=bear")
+        assert (cfg.eval.score, cfg.eval.temperature) == want, objective
+    r = run(config(tmp_path, "trainer.max_epochs=1", "objective=msl"))
+    assert (r["eval_score"], r["eval_temperature"]) == ("masked", 2.0)
+    from genrec.evaluate import evaluate
+
+    def again(*over):
+        with initialize_config_dir(CONF, version_base="1.3"):
+            return evaluate(compose("evaluate", overrides=[f"ckpt={tmp_path}/run", "eval.beam=5", "eval.ks=[1,5]",
+                                                           f"data_dir={tmp_path.parent}/data", *over]))
+
+    same = again()  # the run's own scoring
+    assert (same["eval_score"], same["eval_temperature"]) == ("masked", 2.0)
+    assert same["test/ndcg@5"] == pytest.approx(r["test/ndcg@5"], rel=1e-6)
+    full = again("eval.score=full", "eval.temperature=1.0")
+    assert (full["eval_score"], full["eval_temperature"]) == ("full", 1.0)
+    assert (tmp_path / "run" / "eval" / "test-beam5-full-t1.json").exists()
+    with pytest.raises(Exception, match="eval.score='soft' must be one of full, masked"):
+        again("eval.score=soft")
+
+
+# ---- sweeps optimise validation, never test ---------------------------------------------------
+@pytest.mark.parametrize("monitor, mode", [("val/ndcg@5", "max"), ("val/loss", "min")])
+def test_main_returns_the_best_validation_value_not_test(tmp_path, monitor, mode):
+    import json
+
+    from genrec.train import main
+
+    cfg = config(tmp_path, "trainer.max_epochs=2", f"trainer.monitor={monitor}", f"trainer.monitor_mode={mode}")
+    value = main.__wrapped__(cfg)  # the function Hydra (and its Optuna sweeper) calls
+    saved = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    key = monitor.split("/", 1)[1]
+    values = [h[key] for h in saved["history"]]
+    assert value == saved[monitor] == (max(values) if mode == "max" else min(values))
+    assert saved[f"test/{key}"] != value  # a different number: the return value is not the test metric
+
+
+def test_listwise_is_now_pairwise_printed():
+    from genrec.objectives.apao import APAO
+
+    with pytest.raises(ValueError, match="objective.loss=listwise is now called pairwise_printed"):
+        APAO(loss="listwise")
+    assert APAO(loss="pairwise_printed").loss == "pairwise_printed"
+
+
+# ---- BEAR's lam is the paper's lambda -----------------------------------------------------------
+@pytest.mark.parametrize("end_token", [False, True])
+def test_bear_lam_has_the_papers_strength(end_token):
+    """The paper: L = L_SFT + lam * L_reg with L_SFT = -sum_t log p(y_t) (every response token, eos
+    included) and L_reg = sum_t log sigmoid((log beta_t^B - s_t) / xi). genrec's loss is that divided by
+    the n scored tokens, so the gradient times n is the paper's, for the same lam."""
+    from obj_helpers import FixedLogits, allowed_tokens, case, make_ctx
+
+    from genrec.models.base import EOS
+    from genrec.objectives.bear import BEAR
+
+    sids, trie, batch = case(num_items=22, sizes=(4, 3, 3), batch=7)
+    B, T, V = len(batch["target"]), sids.num_levels, sids.vocab_size
+    logits = 2 * torch.randn(B, 1, T + 1, V, generator=torch.Generator().manual_seed(4))
+    lam, xi, width = 0.5, 2.0, 2
+    bb = FixedLogits(logits)
+    obj = BEAR("regularizer", lam, xi, beam=width, end_token=end_token)
+    obj.setup(make_ctx(sids, eval_beam=width), bb)
+    obj(batch, bb, trie)[0].backward()
+    z = logits.clone().requires_grad_()
+    paper = 0
+    for b in range(B):
+        y = batch["target"][b].tolist() + ([EOS] if end_token else [])
+        for t in range(len(y)):
+            logp = torch.log_softmax(z[b, 0, t], -1)
+            paper = paper - logp[y[t]] / B
+            if t < T:  # the regularizer covers the item's codes
+                ok = sorted((logp[a].item() for a in allowed_tokens(sids, y[:t])), reverse=True)
+                beta = ok[min(width, len(ok)) - 1]
+                paper = paper + lam * torch.nn.functional.logsigmoid((beta - logp[y[t]]) / xi) / B
+    paper.backward()
+    n = T + int(end_token)
+    torch.testing.assert_close(bb.logits.grad * n, z.grad, rtol=1e-4, atol=1e-6)

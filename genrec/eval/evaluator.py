@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import torch
 
 from genrec.eval import metrics
-from genrec.eval.beam import beam_search
+from genrec.eval.beam import SCORES, beam_search
 from genrec.eval.fullrank import full_scores, rank_of
 from genrec.eval.trie import Trie
 from genrec.models.base import Backbone
@@ -20,8 +20,14 @@ from genrec.models.base import Backbone
 
 class Evaluator:
     def __init__(
-        self, beam: int = 20, ks: Sequence[int] = (5, 10, 20), full_rank: bool = False, chunk: int = 4096
+        self, beam: int = 20, ks: Sequence[int] = (5, 10, 20), full_rank: bool = False, chunk: int = 4096,
+        score: str = "full", temperature: float = 1.0,
     ) -> None:
+        if score not in SCORES:
+            raise ValueError(f"eval.score={score!r} must be one of {', '.join(SCORES)}")
+        if not temperature > 0:
+            raise ValueError(f"eval.temperature={temperature} must be positive")
+        self.score, self.temperature = score, float(temperature)  # per-step scoring (genrec.eval.beam)
         self.beam = beam
         self.ks = [int(k) for k in ks]
         self.full_rank = full_rank
@@ -32,7 +38,7 @@ class Evaluator:
         """index [B]; rank [B] (target's 1-based rank in the beam list, 0 = not returned);
         prefix_hit [B, T] (target's m-prefix kept at step m); full_rank [B] if enabled."""
         enc = backbone.encode(batch["history"], batch["mask"])
-        res = beam_search(backbone, enc, trie, self.beam)
+        res = beam_search(backbone, enc, trie, self.beam, self.score, self.temperature)
         target = batch["target_cand"]
         hit = res.cands == target[:, None]
         rank = torch.where(hit.any(1), hit.int().argmax(1) + 1, 0)
@@ -43,7 +49,8 @@ class Evaluator:
         loss = -backbone.prefix_logprobs(enc, target_tokens[..., :-1], target_tokens)[:, 0].mean(-1)
         rows = {"index": batch["index"], "rank": rank, "prefix_hit": prefix_hit, "loss": loss}
         if self.full_rank:
-            rows["full_rank"] = rank_of(full_scores(backbone, enc, trie, self.chunk), target)
+            scores = full_scores(backbone, enc, trie, self.chunk, self.score, self.temperature)
+            rows["full_rank"] = rank_of(scores, target)
         return rows
 
     def summarize(self, rows: dict[str, torch.Tensor]) -> dict[str, float]:

@@ -19,8 +19,11 @@ from genrec.models.base import Backbone
 
 
 @torch.no_grad()
-def full_scores(backbone: Backbone, enc: Any, trie: Trie, chunk: int = 4096) -> torch.Tensor:
-    """S(y|x) [B, C] of every candidate; about `chunk` (user, prefix) rows per step call."""
+def full_scores(backbone: Backbone, enc: Any, trie: Trie, chunk: int = 4096, score: str = "full",
+                temperature: float = 1.0) -> torch.Tensor:
+    """S(y|x) [B, C] of every candidate, scored as beam search scores them (`score`, `temperature`:
+    see `genrec.eval.beam`); about `chunk` (user, prefix) rows per step call."""
+    masked = score == "masked"
     B = enc.mask.shape[0]
     block = max(1, chunk // B)  # prefixes per step call
     out = torch.empty(B, trie.num_prefixes(trie.num_levels), device=enc.mask.device)
@@ -31,7 +34,8 @@ def full_scores(backbone: Backbone, enc: Any, trie: Trie, chunk: int = 4096) -> 
         kids = trie.child[m][pids]  # [P, size_m]
         pos, code = (kids >= 0).nonzero(as_tuple=True)  # parent's beam, token code of each child
         ids = kids[pos, code]
-        score = score[:, pos] + level_logprobs(logits, trie, m)[:, pos, code]  # S^{m+1} [B, #children]
+        step = level_logprobs(logits, trie, m, kids >= 0 if masked else None, temperature)
+        score = score[:, pos] + step[:, pos, code]  # S^{m+1} [B, #children]
         if m + 1 == trie.num_levels:
             out[:, ids] = score
             return

@@ -8,8 +8,9 @@ loss:
              At level m a negative whose m-prefix equals the positive's or an earlier negative's
              is masked (`mask_collisions`), and c_m = (P_m - 1) / #unmasked negatives, P_m the
              number of distinct m-prefixes in the catalogue (`correction`).
-  listwise   (beyond the paper) the plain sampled softmax -log softmax([S_+, S_j])_+ per prefix
-             length over the unmasked negatives, without c_m and 1/m.
+  pairwise_printed  the pairwise formula exactly as the paper prints it: the plain sampled softmax
+             -log softmax([S_+, S_j])_+ per prefix length over the unmasked negatives, without c_m and
+             1/m (not a new loss; `listwise`, its former name, is an error naming this one).
 weights (detached):
   paper      w on the simplex as training state (a buffer: checkpointed), uniform at start; each
              training step w_m <- w_m exp(eta L_m) / Z with this batch's L_m (averaged over
@@ -77,7 +78,10 @@ class APAO(CE):
         end_token: bool = False,
     ) -> None:
         super().__init__(temperature, end_token)
-        if loss not in ("pointwise", "pairwise", "listwise"):
+        if loss == "listwise":
+            raise ValueError("objective.loss=listwise is now called pairwise_printed (the paper's printed pairwise "
+                             "formula: no 1/m, no c_m)")
+        if loss not in ("pointwise", "pairwise", "pairwise_printed"):
             raise ValueError(f"unknown APAO loss {loss!r}")
         if weights not in ("paper", "released", "uniform", "hardmax"):
             raise ValueError(f"unknown APAO weights {weights!r}")
@@ -160,7 +164,7 @@ class APAO(CE):
             logp = torch.log_softmax(pos_logits[:, :T].float() / self.temperature, -1)
             delta = bear_lib.deltas(logp, target, trie.target_masks(target), self.bear_widths)
             reg = bear_lib.regularizer(delta, self.bear.get("xi", 2.75)).mean()
-            loss = loss + self.bear.get("lam", 0.1) * reg
+            loss = loss + self.bear.get("lam", 0.1) * reg / s.shape[-1]  # lam: the BEAR paper's (see bear.py)
             terms["apao/bear_reg"] = reg.detach()
             terms.update(bear_lib.outside_terms(delta, self.bear_widths))
         return loss, terms

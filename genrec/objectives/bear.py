@@ -3,13 +3,16 @@
 beta_t^B = the B-th largest probability among the tokens the trie allows after the ground-truth
 prefix (fewer than B valid children: the smallest valid one), detached; Delta_t = log beta_t^B - s^t.
 
-form=regularizer (paper):  L = L_CE + lam * mean_b sum_t log sigmoid(Delta_t / xi)
+form=regularizer (paper):  L = (1/n) [ -sum_t s^t + lam * sum_t log sigmoid(Delta_t / xi) ], averaged over b,
+    i.e. the paper's L_SFT + lam L_reg (both SUMS over the item's tokens) divided by the n scored tokens
+    (T, or T + 1 with end_token): our CE stays a per-token mean and a lam from the paper's grid has
+    the paper's strength.
 form=reweight (released):  trie-masked CE with detached per-token weights
     w_t = 1 + lam * sigmoid((s^t - log beta_t^B) / xi),
     L = -sum w_t s^t / sum w_t over the tokens with more than one valid child
     (a single valid child has s^t = 0 under the mask, so it carries no signal).
 Both give the token the gradient weight (const + sigmoid((s^t - log beta)/xi)) on grad s^t;
-with the same softmax (`masked=True`) they coincide for lam_reweight = T * lam_reg / xi.
+with the same softmax (`masked=True`) they coincide for lam_reweight = lam_reg / xi.
 `widths` (beyond the papers) averages the term over several beam widths. The share of targets
 outside the top-B at each step is logged as `bear/out{t}@{B}`.
 """
@@ -87,7 +90,7 @@ class BEAR(CE):
         terms = outside_terms(delta, self.widths)
         if self.form == "regularizer":
             ce, reg = -s.mean(), regularizer(delta, self.xi).mean()
-            loss = ce + self.lam * reg
+            loss = ce + self.lam * reg / s.shape[-1]  # = (paper's L_SFT + lam L_reg) / n
             terms.update({"bear/ce": ce.detach(), "bear/reg": reg.detach()})
         else:
             w = 1 + self.lam * torch.sigmoid(-delta.detach() / self.xi).mean(0)  # [B, T]

@@ -1,4 +1,4 @@
-"""Negative samplers for the pairwise / listwise prefix losses and S-DPO.
+"""Negative samplers for the pairwise / pairwise_printed prefix losses and S-DPO.
 
 Negatives are candidate ids (rows of `SemanticIds.cand_codes`, i.e. distinct codes), never the
 target's. Every random draw is a counter-based hash of (seed, epoch // refresh_every, example
