@@ -1,8 +1,19 @@
 """CPU proxies for GPU runs: bf16 autocast (this CPU runs bf16 natively) against float32."""
 
+from pathlib import Path
+
+import pytest
 import torch
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+from toy import random_batch, random_sids
 
 import genrec.models.head as head
+from genrec.eval.beam import beam_search, level_logprobs
+from genrec.eval.fullrank import full_scores
+from genrec.eval.trie import Trie
+
+CONF = Path(__file__).parents[1] / "conf"
 
 
 def _bf16_head_case(monkeypatch):
@@ -36,3 +47,34 @@ def test_head_logprobs_under_bf16_autocast_match_float32(monkeypatch):
     torch.testing.assert_close(w.grad, w32.grad, atol=2e-5, rtol=1e-5)
     # h's gradient is bf16 (two bf16 terms summed): compared as a whole, at bf16's resolution.
     assert (h.grad.float() - h32.grad).norm() < 4e-3 * h32.grad.norm()
+
+
+@pytest.mark.parametrize("name", ["tiger", "llama"])
+def test_beam_and_full_rank_scores_under_bf16_autocast_are_not_coarsened(name):
+    """Scores come from float32 logits: bf16 logits put ~0.016 between representable values at
+    |z| ~ 3, so dozens of the 256 codes of a level tie and the ranking coarsens."""
+    sids = random_sids(400, [256, 8], seed=1)
+    torch.manual_seed(0)
+    cfg = OmegaConf.load(CONF / "backbone" / f"{name}_tiny.yaml")
+    model = instantiate(cfg, vocab_size=sids.vocab_size, max_positions=64).eval()
+    with torch.no_grad():  # a spread of logits like a trained model's
+        w = model.hf.lm_head.weight  # (Llama ties it to the embeddings; pad rows are zero)
+        w.mul_(30 / w.norm(dim=1, keepdim=True).clamp(min=1e-6))
+    b, trie = random_batch(sids, 8, hist_items=3), Trie(sids)
+
+    def scores(bf16: bool):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16), torch.no_grad():
+            enc = model.encode(b["history"], b["mask"])
+            first = level_logprobs(model.step(model.start(enc), None, None)[0][:, 0], trie, 0)  # [B, 256]
+            return first, beam_search(model, enc, trie, 20), full_scores(model, enc, trie)
+
+    first, beam, full = scores(True)
+    first32, beam32, full32 = scores(False)
+    ties = [len(r) - len(r.unique()) for r in first]
+    assert max(ties) <= 1, ties  # float32 logits: (almost) no two of 256 codes tie
+    assert first.dtype == beam.scores.dtype == full.dtype == torch.float32
+    # bf16 activations still move scores a little, but the rankings agree closely.
+    torch.testing.assert_close(full, full32, atol=0.1, rtol=0)
+    agree = (full.argsort(1, descending=True)[:, :20] == full32.argsort(1, descending=True)[:, :20]).float().mean()
+    assert agree > 0.5, agree
+    assert (beam.cands[:, :5] == beam32.cands[:, :5]).float().mean() > 0.7

@@ -69,3 +69,11 @@ def head_logprobs(h: Tensor, weight: Tensor, rows: Tensor, tokens: Tensor, tau: 
     acc = _acc(h)
     picked = (h[rows].to(acc) * weight[tokens].to(acc)).sum(-1) / tau
     return picked - logsumexp_linear(h, weight, tau)[rows]
+
+
+def float_logits(h: Tensor, weight: Tensor) -> Tensor:
+    """h W^T in float32 or wider, autocast off: beam search and full ranking score from these
+    (bf16 logits tie dozens of a level's 256 codes and coarsen the ranking)."""
+    acc = torch.promote_types(_acc(h), weight.dtype)
+    with torch.autocast(h.device.type, enabled=False):
+        return h.to(acc) @ weight.to(acc).T

@@ -34,7 +34,7 @@ from transformers import T5Config, T5ForConditionalGeneration
 
 from genrec.models.base import BOS, EOS, PAD, Backbone
 from genrec.models.dropout import dropout, replace_dropout
-from genrec.models.head import head_logprobs
+from genrec.models.head import float_logits, head_logprobs
 from genrec.models.tiger_backward import CandidateBlock, EncoderBlock
 
 
@@ -264,4 +264,4 @@ class Tiger(Backbone):
             y = sum(_mix(p[..., [s]], c[i, 1], j) for s, (c, j) in enumerate(zip(cache, idx)))  # [B, H, K, d]
             x = x + self._dropout(sa.SelfAttention.o(y.transpose(1, 2).flatten(-2)))
             x = self._cross_ff(blk, x, enc, i)
-        return self.hf.lm_head(self._head_input(x)), TigerState(enc, state.qkv, cache, anc)
+        return float_logits(self._head_input(x), self.hf.lm_head.weight), TigerState(enc, state.qkv, cache, anc)
