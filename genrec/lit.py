@@ -24,7 +24,9 @@ class NonFiniteLoss(FloatingPointError):
 
 
 class GenRec(L.LightningModule):
-    def __init__(self, cfg: DictConfig, sids: SemanticIds, item_counts, steps_per_epoch: int) -> None:
+    def __init__(self, cfg: DictConfig, sids: SemanticIds, item_counts, steps_per_epoch: int | None = None) -> None:
+        """`steps_per_epoch`: only for use without a Trainer (benchmarks); under one, the schedule
+        spans Lightning's `estimated_stepping_batches` (world size, accumulation, limits)."""
         super().__init__()
         self.cfg, self.sids, self.steps_per_epoch = cfg, sids, steps_per_epoch
         T = sids.num_levels
@@ -121,7 +123,11 @@ class GenRec(L.LightningModule):
         no_decay = [p for p in params if p.ndim < 2]
         opt = torch.optim.AdamW([{"params": decay, "weight_decay": o.weight_decay},
                                  {"params": no_decay, "weight_decay": 0.0}], lr=o.lr, betas=tuple(o.betas))
-        total = max(1, self.steps_per_epoch * self.cfg.trainer.max_epochs)
+        if self._trainer is not None:
+            self.total_steps = int(self.trainer.estimated_stepping_batches)
+        else:
+            self.total_steps = self.steps_per_epoch * self.cfg.trainer.max_epochs
+        total = max(1, self.total_steps)
         warmup = int(o.warmup * total)
 
         def schedule(step: int) -> float:

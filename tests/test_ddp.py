@@ -8,9 +8,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 
 from genrec.data.datamodule import LengthBatches
+from genrec.lit import GenRec
+from genrec.train import run
 
 ROOT = Path(__file__).parents[1]
 
@@ -49,17 +52,21 @@ def test_train_shards_are_disjoint_and_equal(n, world):
 def test_gloo_ddp_more_ranks_than_batches_evaluates_every_user_once(tmp_path):
     """4 CPU processes; 2 training batches of 2048 and 3 eval batches of 128 in one process's
     terms (300 users): every rank still trains and evaluates, every user is counted once, and
-    the test metrics are those of a single-process evaluation of the same checkpoint."""
+    the test metrics are those of a single-process evaluation of the same checkpoint. `devices`
+    is the string "4" (like "auto" or a list: not an int): the cosine schedule still spans
+    exactly the one step taken (it used to assume one process: 2 steps, ending at lr / 2)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     run_dir, data_dir = tmp_path / "run", tmp_path / "data"
     out = subprocess.run([sys.executable, "-m", "genrec.train", "experiment=tiny", "trainer=ddp",
-                          "trainer.accelerator=cpu", "trainer.devices=4", "trainer.precision=32-true",
-                          "trainer.max_epochs=1", "trainer.batch_size=2048", "trainer.eval_batch_size=128",
+                          "trainer.accelerator=cpu", "trainer.devices='4'", "trainer.precision=32-true",
+                          "trainer.max_epochs=1", "optim.warmup=0", "trainer.batch_size=2048", "trainer.eval_batch_size=128",
                           f"hydra.run.dir={run_dir}", f"data_dir={data_dir}"],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     m = json.loads((run_dir / "metrics.json").read_text())
     assert m["test/users"] == 300 and m["val/users"] == 300
+    ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert ckpt["global_step"] == 1 and ckpt["optimizer_states"][0]["param_groups"][0]["lr"] == 0.0
 
     from genrec.evaluate import evaluate
 
@@ -70,3 +77,25 @@ def test_gloo_ddp_more_ranks_than_batches_evaluates_every_user_once(tmp_path):
     ranking = [k for k in m if k.startswith("test/") and k != "test/loss"]
     assert {k: one[k] for k in ranking} == pytest.approx({k: m[k] for k in ranking}, rel=1e-6)
     assert one["test/loss"] == pytest.approx(m["test/loss"], rel=1e-4)  # other batches: other padding
+
+
+def test_schedule_spans_the_steps_lightning_takes(tmp_path, monkeypatch):
+    """devices=auto, gradient accumulation and a batch limit: the schedule's length is the
+    number of optimizer steps the fit takes (2 epochs x 4 / 2)."""
+    seen = {}
+    configure = GenRec.configure_optimizers
+
+    def spy(self):
+        out = configure(self)
+        seen["total"], seen["module"] = self.total_steps, self
+        return out
+
+    monkeypatch.setattr(GenRec, "configure_optimizers", spy)
+    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=["experiment=tiny", f"run_dir={tmp_path}/run", f"data_dir={tmp_path}/data",
+                                           "trainer.accelerator=cpu", "trainer.devices=auto", "trainer.accumulate=2",
+                                           "trainer.limit_train_batches=4", "trainer.max_epochs=2", "optim.warmup=0"])
+    run(cfg)
+    trainer = seen["module"].trainer
+    assert seen["total"] == trainer.global_step == 4
+    assert trainer.optimizers[0].param_groups[0]["lr"] == 0.0  # the cosine ends at the last step
