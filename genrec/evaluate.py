@@ -51,8 +51,8 @@ def evaluate(cfg: DictConfig) -> dict:
     module = GenRec(run_cfg, data.sids, dm.item_counts())
     state = torch.load(ckpt, map_location="cpu", weights_only=False)["state_dict"]
     module.load_state_dict(state)
-    trainer = L.Trainer(accelerator=cfg.accelerator, devices=1, logger=False, enable_model_summary=False,
-                        use_distributed_sampler=False)
+    trainer = L.Trainer(accelerator=cfg.accelerator, devices=1, precision=run_cfg.trainer.precision,  # as the run
+                        logger=False, enable_model_summary=False, use_distributed_sampler=False)
     loader = dm.test_dataloader if cfg.split == "test" else dm.val_dataloader
     trainer.test(module, dataloaders=loader(), verbose=False)  # the test step, on the chosen split
     metrics = {f"{cfg.split}/{k}": v for k, v in module.last_metrics["test"].items()}

@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from toy import random_batch, random_sids
@@ -12,6 +13,8 @@ import genrec.models.head as head
 from genrec.eval.beam import beam_search, level_logprobs
 from genrec.eval.fullrank import full_scores
 from genrec.eval.trie import Trie
+from genrec.evaluate import evaluate
+from genrec.train import run
 
 CONF = Path(__file__).parents[1] / "conf"
 
@@ -78,3 +81,20 @@ def test_beam_and_full_rank_scores_under_bf16_autocast_are_not_coarsened(name):
     agree = (full.argsort(1, descending=True)[:, :20] == full32.argsort(1, descending=True)[:, :20]).float().mean()
     assert agree > 0.5, agree
     assert (beam.cands[:, :5] == beam32.cands[:, :5]).float().mean() > 0.7
+
+
+def _config(tmp_path, *overrides: str):
+    with initialize_config_dir(str(CONF), version_base="1.3"):
+        return compose("config", overrides=["experiment=tiny", f"run_dir={tmp_path}/run",
+                                            f"data_dir={tmp_path.parent}/data", "trainer.accelerator=cpu",
+                                            *overrides])
+
+
+def test_reevaluation_of_a_bf16_run_reproduces_its_test_metrics(tmp_path):
+    r = run(_config(tmp_path, "trainer.max_epochs=1", "trainer.precision=bf16-mixed"))
+    with initialize_config_dir(str(CONF), version_base="1.3"):
+        cfg = compose("evaluate", overrides=[f"ckpt={tmp_path}/run", "eval.beam=5", "eval.ks=[1,5]",
+                                             f"data_dir={tmp_path.parent}/data", "accelerator=cpu", "batch_size=128"])
+    again = evaluate(cfg)  # the run's eval batch size: the same batches, so the same numbers
+    assert {k: v for k, v in again.items() if k.startswith("test/")} == {k: v for k, v in r.items()
+                                                                       if k.startswith("test/")}
