@@ -1,5 +1,7 @@
 """CPU proxies for GPU runs: bf16 autocast (this CPU runs bf16 natively) against float32."""
 
+import json
+import math
 from pathlib import Path
 
 import pytest
@@ -98,3 +100,18 @@ def test_reevaluation_of_a_bf16_run_reproduces_its_test_metrics(tmp_path):
     again = evaluate(cfg)  # the run's eval batch size: the same batches, so the same numbers
     assert {k: v for k, v in again.items() if k.startswith("test/")} == {k: v for k, v in r.items()
                                                                        if k.startswith("test/")}
+
+
+FITS = {"ce": [], "msl": [], "apao_pointwise": [], "apao_pairwise": ["objective.num_negatives=8"], "bear": [],
+        "sdpo_2stage": ["objective.num_negatives=3"]}
+
+
+@pytest.mark.parametrize("backbone", ["tiger_tiny", "llama_tiny"])
+@pytest.mark.parametrize("objective", list(FITS))
+def test_bf16_mixed_fit_of_every_objective(tmp_path, objective, backbone):
+    """A non-finite training loss would stop the run (`NonFiniteLoss`); metrics.json is written."""
+    run(_config(tmp_path, f"objective={objective}", f"backbone={backbone}", "trainer.precision=bf16-mixed",
+                    "trainer.max_epochs=1", "trainer.limit_train_batches=3", "trainer.limit_test_batches=1",
+                    "trainer.limit_val_batches=1", *FITS[objective]))
+    saved = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert saved["test/users"] == 128 and math.isfinite(saved["test/loss"]) and math.isfinite(saved["val/loss"])
