@@ -16,6 +16,7 @@ from genrec.eval.beam import beam_search, level_logprobs
 from genrec.eval.fullrank import full_scores
 from genrec.eval.trie import Trie
 from genrec.evaluate import evaluate
+from genrec.objectives.apao import prefix_sums
 from genrec.train import run
 
 CONF = Path(__file__).parents[1] / "conf"
@@ -115,3 +116,22 @@ def test_bf16_mixed_fit_of_every_objective(tmp_path, objective, backbone):
                     "trainer.limit_val_batches=1", *FITS[objective]))
     saved = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert saved["test/users"] == 128 and math.isfinite(saved["test/loss"]) and math.isfinite(saved["val/loss"])
+
+
+def test_embedder_uses_this_ranks_gpu(monkeypatch):
+    from genrec.data import embed
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    for var in ("LOCAL_RANK", "SLURM_LOCALID"):
+        monkeypatch.delenv(var, raising=False)
+    assert embed._device(None) == "cuda:0" and embed._device("cpu") == "cpu"
+    monkeypatch.setenv("SLURM_LOCALID", "2")  # srun
+    assert embed._device(None) == "cuda:2"
+    monkeypatch.setenv("LOCAL_RANK", "3")  # torchrun / Lightning's launcher
+    assert embed._device(None) == "cuda:3"
+
+
+def test_apao_prefix_sums_are_running_sums():
+    x = torch.randn(4, 3, 5, dtype=torch.float64)
+    ref = torch.stack([x[..., : t + 1].sum(-1) for t in range(5)], -1)
+    torch.testing.assert_close(prefix_sums(x), ref, atol=1e-12, rtol=0)
