@@ -17,6 +17,7 @@ from genrec.eval.fullrank import full_scores
 from genrec.eval.trie import Trie
 from genrec.evaluate import evaluate
 from genrec.objectives.apao import prefix_sums
+from genrec.objectives.negatives import hash32
 from genrec.train import run
 
 CONF = Path(__file__).parents[1] / "conf"
@@ -135,3 +136,12 @@ def test_apao_prefix_sums_are_running_sums():
     x = torch.randn(4, 3, 5, dtype=torch.float64)
     ref = torch.stack([x[..., : t + 1].sum(-1) for t in range(5)], -1)
     torch.testing.assert_close(prefix_sums(x), ref, atol=1e-12, rtol=0)
+
+
+def test_hash32_mixes_python_int_keys_on_the_host_to_the_same_values():
+    idx, slot = torch.arange(50)[:, None], torch.arange(4)[None]
+    for seed, period in [(0, 0), (42, 3), (-1, 2**40)]:
+        host = hash32(seed, period, idx, slot)
+        device = hash32(torch.tensor(seed), torch.tensor(period), idx, slot)  # all tensors: the old path
+        assert torch.equal(host, device)
+    assert hash32(5, 6).dtype == torch.long and int(hash32(5, 6)) == int(hash32(torch.tensor(5), torch.tensor(6)))

@@ -32,7 +32,7 @@ class BeamResult:
 
 def level_logprobs(logits: torch.Tensor, trie: Trie, m: int) -> torch.Tensor:
     """log_softmax over the full vocabulary, sliced to level m's codes: [..., V] -> [..., size_m]."""
-    off = int(trie.offsets[m])
+    off = trie.host_offsets[m]
     return torch.log_softmax(logits.float(), dim=-1)[..., off : off + trie.sizes[m]]
 
 
@@ -58,7 +58,7 @@ def beam_search(backbone: Backbone, enc: Any, trie: Trie, beam: int) -> BeamResu
         pid = child.flatten(1).gather(1, idx)
         prefix_ids.append(pid)
         if m + 1 < trie.num_levels:
-            tokens = idx % size + int(trie.offsets[m])
+            tokens = idx % size + trie.host_offsets[m]
             logits, state = backbone.step(state, tokens, idx // size)
     pad = beam - pid.shape[1]
     cands = torch.nn.functional.pad(pid, (0, pad), value=-1)

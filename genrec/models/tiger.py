@@ -261,7 +261,7 @@ class Tiger(Backbone):
             q = qkv[:, :, 0].transpose(1, 2).contiguous()  # [B, H, K, d]
             w = torch.cat([_dots(q, c[i, 0], j) for c, j in zip(cache, idx)], -1)  # T5: no 1/sqrt(d)
             p = self._dropout((w + bias).softmax(-1))  # [B, H, K, t + 1]
-            y = sum(_mix(p[..., [s]], c[i, 1], j) for s, (c, j) in enumerate(zip(cache, idx)))  # [B, H, K, d]
+            y = sum(_mix(p[..., s : s + 1], c[i, 1], j) for s, (c, j) in enumerate(zip(cache, idx)))  # [B, H, K, d]
             x = x + self._dropout(sa.SelfAttention.o(y.transpose(1, 2).flatten(-2)))
             x = self._cross_ff(blk, x, enc, i)
         return float_logits(self._head_input(x), self.hf.lm_head.weight), TigerState(enc, state.qkv, cache, anc)

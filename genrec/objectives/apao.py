@@ -102,6 +102,8 @@ class APAO(CE):
         if self.drop_prefix is not None:
             keep[self.drop_prefix - 1] = False
         self.register_buffer("keep", keep, persistent=False)
+        others = [ctx.trie.num_prefixes(k) - 1 for k in range(1, T + 1)]  # P_m - 1 (on the device: no copy per step)
+        self.register_buffer("others", torch.tensor(others), persistent=False)
         if "weights" not in self._buffers:  # training state: restored from a checkpoint after setup
             self.register_buffer("weights", keep.double() / keep.sum())
         if self.loss != "pointwise":
@@ -154,8 +156,7 @@ class APAO(CE):
                 masked = torch.zeros_like(masked)
             log_c = None
             if self.loss == "pairwise" and self.correction:
-                P = torch.tensor([trie.num_prefixes(k) for k in range(1, T + 1)], device=target.device)
-                log_c = torch.log((P - 1) / (~masked).sum(1).clamp(min=1))  # [B, T]
+                log_c = torch.log(self.others / (~masked).sum(1).clamp(min=1))  # [B, T]
             L = softmax_prefix_loss(S, masked, log_c)
             L = (L / m if self.loss == "pairwise" else L).mean(0)
         w = self.prefix_weights(L.detach())
