@@ -145,3 +145,36 @@ def test_hash32_mixes_python_int_keys_on_the_host_to_the_same_values():
         device = hash32(torch.tensor(seed), torch.tensor(period), idx, slot)  # all tensors: the old path
         assert torch.equal(host, device)
     assert hash32(5, 6).dtype == torch.long and int(hash32(5, 6)) == int(hash32(torch.tensor(5), torch.tensor(6)))
+
+
+def test_tiger_memory_saving_blocks_run_under_bf16_autocast(monkeypatch):
+    """Under bf16-mixed the hand-written blocks stay on (in float32, autocast off inside): logits
+    and gradients as float32 training gives, to bf16's resolution elsewhere in the network."""
+    from genrec.models import tiger_backward
+
+    calls = []
+    for cls in (tiger_backward.EncoderBlock, tiger_backward.CandidateBlock):
+        monkeypatch.setattr(cls, "apply", (lambda f: lambda *a: calls.append(f) or f(*a))(cls.apply))
+    sids = random_sids(60, [6, 5, 4])
+    b = random_batch(sids, 6, hist_items=4)
+    prefix = sids.item_tokens()[torch.randint(60, (6, 5), generator=torch.Generator().manual_seed(3))][..., :2]
+
+    def fit_step(bf16: bool, lean: int | None):
+        torch.manual_seed(0)
+        model = instantiate(OmegaConf.load(CONF / "backbone" / "tiger_tiny.yaml"), vocab_size=sids.vocab_size,
+                            max_positions=64, dropout=0.0, lean_users=lean).train()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            out = model.prefix_logprobs(model.encode(b["history"], b["mask"]), prefix, torch.cat(
+                [prefix, prefix[..., :1]], -1))
+        out.sum().backward()
+        return out.detach(), torch.cat([p.grad.flatten() for p in model.parameters()])
+
+    ref_out, ref_grad = fit_step(False, None)
+    calls.clear()
+    out, grad = fit_step(True, 2)
+    assert len(calls) == 1 + 3  # the encoder block, and the decoder block on 3 groups of 2 users
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, ref_out, atol=0.05, rtol=0)
+    assert (grad - ref_grad).norm() < 0.03 * ref_grad.norm()
+    autocast_out, autocast_grad = fit_step(True, None)  # autograd keeping every activation, same autocast
+    assert (out - ref_out).abs().max() <= 2 * (autocast_out - ref_out).abs().max() + 1e-3
