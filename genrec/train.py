@@ -104,7 +104,7 @@ def run(cfg: DictConfig, objective_name: str | None = None) -> dict:
     data = prepare(cfg, log=lambda m: print(m, file=sys.stderr))
     t = cfg.trainer
     dm = SeqDataModule(data.seq, data.sids, cfg.dataset.max_history, t.batch_size, t.eval_batch_size, cfg.seed,
-                       t.num_workers)
+                       t.num_workers, t.pin_memory)
     module = GenRec(cfg, data.sids, dm.item_counts())  # LR schedule length: from the Trainer (world size)
 
     ckpt = ModelCheckpoint(dirpath=run_dir / "checkpoints", filename="best", monitor=t.monitor, mode="max",

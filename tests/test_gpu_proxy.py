@@ -178,3 +178,17 @@ def test_tiger_memory_saving_blocks_run_under_bf16_autocast(monkeypatch):
     assert (grad - ref_grad).norm() < 0.03 * ref_grad.norm()
     autocast_out, autocast_grad = fit_step(True, None)  # autograd keeping every activation, same autocast
     assert (out - ref_out).abs().max() <= 2 * (autocast_out - ref_out).abs().max() + 1e-3
+
+
+@pytest.mark.parametrize("group", ["gpu", "ddp"])
+def test_gpu_trainer_configs_compose_and_lightning_accepts_them(group):
+    with initialize_config_dir(str(CONF), version_base="1.3"):
+        t = compose("config", overrides=[f"trainer={group}"]).trainer
+    assert t.precision == "bf16-mixed" and t.accelerator == "gpu" and t.pin_memory and not t.keep_freed_memory
+    assert t.strategy == ("ddp" if group == "ddp" else "auto")
+    text = (CONF / "trainer" / f"{group}.yaml").read_text()
+    own = [ln for ln in text.splitlines() if ln and not ln.startswith(("#", " ", "defaults"))]
+    assert group == "ddp" or all("#" in ln for ln in own), own  # every GPU default says why
+    import lightning as L
+
+    L.Trainer(accelerator="cpu", devices=1, precision=t.precision, deterministic=t.deterministic, logger=False)

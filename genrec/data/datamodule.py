@@ -103,11 +103,11 @@ class LengthBatches(Sampler):
 
 class SeqDataModule(L.LightningDataModule):
     def __init__(self, seq: SeqData, sids: SemanticIds, max_history: int, batch_size: int,
-                 eval_batch_size: int, seed: int, num_workers: int = 0) -> None:
+                 eval_batch_size: int, seed: int, num_workers: int = 0, pin_memory: bool = False) -> None:
         super().__init__()
         self.seq, self.sids, self.seed = seq, sids, seed
         self.max_history, self.batch_size, self.eval_batch_size = max_history, batch_size, eval_batch_size
-        self.num_workers = num_workers
+        self.num_workers, self.pin_memory = num_workers, pin_memory and torch.cuda.is_available()
         self.splits = {s: Examples(seq, sids, s, max_history) for s in ("train", "valid", "test")}
 
     def _loader(self, split: str, shuffle: bool) -> DataLoader:
@@ -116,7 +116,7 @@ class SeqDataModule(L.LightningDataModule):
         sampler = LengthBatches(ds.lengths, self.batch_size if shuffle else self.eval_batch_size, shuffle,
                                 self.seed, rank, world, epoch=lambda: self.trainer.current_epoch if self.trainer else 0)
         # Its own generator: creating an iterator must not consume the global RNG (dropout's).
-        return DataLoader(ds, sampler=sampler, batch_size=None, num_workers=self.num_workers,
+        return DataLoader(ds, sampler=sampler, batch_size=None, num_workers=self.num_workers, pin_memory=self.pin_memory,
                           persistent_workers=self.num_workers > 0, generator=torch.Generator().manual_seed(self.seed))
 
     def train_dataloader(self) -> DataLoader:
