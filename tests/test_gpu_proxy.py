@@ -2,6 +2,9 @@
 
 import json
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,7 +23,8 @@ from genrec.objectives.apao import prefix_sums
 from genrec.objectives.negatives import hash32
 from genrec.train import run
 
-CONF = Path(__file__).parents[1] / "conf"
+ROOT = Path(__file__).parents[1]
+CONF = ROOT / "conf"
 
 
 def _bf16_head_case(monkeypatch):
@@ -192,3 +196,29 @@ def test_gpu_trainer_configs_compose_and_lightning_accepts_them(group):
     import lightning as L
 
     L.Trainer(accelerator="cpu", devices=1, precision=t.precision, deterministic=t.deterministic, logger=False)
+
+
+def test_gpu_check_script_runs_its_steps_on_cpu_and_refuses_without_cuda(tmp_path):
+    env = {**os.environ, "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}
+    script = str(ROOT / "benchmarks" / "gpu_check.sh")
+    out = subprocess.run(["bash", script, "--cpu-smoke", "--out", str(tmp_path)], env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    for step in ("tiger_ce", "llama_ce", "apao_pairwise"):
+        assert result[step]["s_per_epoch"] > 0 and result[step]["eval_users_per_s"] > 0, result
+    assert result["tiger_ce"]["epochs"] == 2 and result["beam20_users_per_s"] > 0
+    if not torch.cuda.is_available():
+        refused = subprocess.run(["bash", script, "--out", str(tmp_path)], env=env, capture_output=True, text=True)
+        assert refused.returncode == 2 and "no CUDA device" in refused.stderr and refused.stdout == ""
+
+
+def test_gpu_check_real_data_configs_compose():
+    """The overrides the script passes on a GPU machine (it cannot run them here)."""
+    real = ["dataset=lcrec", "dataset.root=/data/apao-office", "dataset.name=Office", "tokenizer=precomputed",
+            "trainer.progress_bar=false", "data_dir=/tmp/d", "run_dir=/tmp/r"]
+    with initialize_config_dir(str(CONF), version_base="1.3"):
+        for extra in (["trainer=gpu", "backbone=tiger", "objective=ce"], ["trainer=gpu", "backbone=llama"],
+                      ["trainer=gpu", "objective=apao_pairwise"], ["trainer=ddp", "trainer.devices=2"]):
+            cfg = compose("config", overrides=[*real, *extra])
+            assert cfg.trainer.precision == "bf16-mixed" and cfg.eval.beam == 20
