@@ -99,3 +99,39 @@ def test_schedule_spans_the_steps_lightning_takes(tmp_path, monkeypatch):
     trainer = seen["module"].trainer
     assert seen["total"] == trainer.global_step == 4
     assert trainer.optimizers[0].param_groups[0]["lr"] == 0.0  # the cosine ends at the last step
+
+
+@pytest.mark.parametrize("devices, world", [(-1, 4), ("auto", 4), ([0, 2], 2), ("0,1,2", 3)])
+def test_schedule_length_follows_lightnings_world_size(tmp_path, devices, world):
+    """On a machine that reports 4 GPUs (mocked: nothing runs on them), `devices` in any of
+    Lightning's forms sizes the LR schedule from this rank's share of the examples."""
+    from unittest import mock
+
+    import lightning as L
+    import lightning.fabric.accelerators.cuda as fabric_cuda
+    import lightning.pytorch.accelerators.cuda as pl_cuda
+
+    from genrec.data.datamodule import SeqDataModule
+    from genrec.prepare import prepare
+
+    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=["experiment=tiny", f"run_dir={tmp_path}/run", f"data_dir={tmp_path}/data",
+                                           "trainer.max_epochs=3"])
+    data = prepare(cfg)
+    dm = SeqDataModule(data.seq, data.sids, cfg.dataset.max_history, 64, 128, cfg.seed)
+    module = GenRec(cfg, data.sids, dm.item_counts())
+    with mock.patch.object(fabric_cuda, "num_cuda_devices", lambda: 4), \
+            mock.patch.object(pl_cuda.CUDAAccelerator, "is_available", staticmethod(lambda: True)), \
+            mock.patch("torch.cuda.device_count", lambda: 4), mock.patch("torch.cuda.is_available", lambda: True):
+        trainer = L.Trainer(accelerator="gpu", devices=devices, strategy="ddp", max_epochs=3, accumulate_grad_batches=2,
+                            logger=False, use_distributed_sampler=False)
+        with mock.patch.object(type(trainer.strategy), "root_device", new_callable=mock.PropertyMock,
+                               return_value=torch.device("cpu")):
+            trainer.strategy.connect(module)
+            trainer._data_connector.attach_data(module, datamodule=dm)
+            trainer.state.fn = "fit"
+            module.trainer = trainer
+            module.configure_optimizers()
+    assert trainer.world_size == world
+    per_rank_batches = -(-(len(dm.splits["train"]) // world) // 64)  # ceil(share / batch size)
+    assert module.total_steps == 3 * -(-per_rank_batches // 2)
