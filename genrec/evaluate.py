@@ -54,11 +54,11 @@ def evaluate(cfg: DictConfig) -> dict:
     data = prepare(run_cfg, log=lambda m: print(m, file=sys.stderr))
     dm = SeqDataModule(data.seq, data.sids, run_cfg.dataset.max_history, cfg.batch_size, cfg.batch_size,
                        run_cfg.seed)
-    module = GenRec(run_cfg, data.sids, dm.item_counts(), steps_per_epoch=1)
+    module = GenRec(run_cfg, data.sids, dm.item_counts())
     state = torch.load(ckpt, map_location="cpu", weights_only=False)["state_dict"]
     module.load_state_dict(state)
-    trainer = L.Trainer(accelerator=cfg.accelerator, devices=1, logger=False, enable_model_summary=False,
-                        use_distributed_sampler=False)
+    trainer = L.Trainer(accelerator=cfg.accelerator, devices=1, precision=run_cfg.trainer.precision,  # as the run
+                        logger=False, enable_model_summary=False, use_distributed_sampler=False)
     loader = dm.test_dataloader if cfg.split == "test" else dm.val_dataloader
     trainer.test(module, dataloaders=loader(), verbose=False)  # the test step, on the chosen split
     metrics = {f"{cfg.split}/{k}": v for k, v in module.last_metrics["test"].items()}

@@ -25,7 +25,9 @@ class NonFiniteLoss(FloatingPointError):
 
 
 class GenRec(L.LightningModule):
-    def __init__(self, cfg: DictConfig, sids: SemanticIds, item_counts, steps_per_epoch: int) -> None:
+    def __init__(self, cfg: DictConfig, sids: SemanticIds, item_counts, steps_per_epoch: int | None = None) -> None:
+        """`steps_per_epoch`: only for use without a Trainer (benchmarks); under one, the schedule
+        spans Lightning's `estimated_stepping_batches` (world size, accumulation, limits)."""
         super().__init__()
         self.cfg, self.sids, self.steps_per_epoch = cfg, sids, steps_per_epoch
         T = sids.num_levels
@@ -36,6 +38,7 @@ class GenRec(L.LightningModule):
         self._trie = Trie(sids)
         self.objective.setup(TrainContext(sids, self._trie, item_counts, self.evaluator.beam, cfg.seed), self.backbone)
         self._rows: list[dict] = []
+        self._finite: torch.Tensor | None = None  # per loss term: finite at every step since the last check
         self.history: list[dict] = []  # validation metrics per epoch (checkpointed)
         self.last_metrics: dict[str, dict] = {}
         self._clock = (time.time(), 0.0)  # (this process's start, seconds spent before it: a resumed run's)
@@ -56,16 +59,28 @@ class GenRec(L.LightningModule):
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         loss, terms = self.objective(batch, self.backbone, self.trie)
-        for name, value in {"loss": loss, **terms}.items():
-            if not torch.isfinite(value).all():
-                bad = [k for k, v in terms.items() if not torch.isfinite(v).all()] or ["loss"]
-                raise NonFiniteLoss(f"non-finite loss at epoch {self.current_epoch}, step {self.global_step} "
-                                    f"(batch {batch_idx}): term(s) {', '.join(bad)}; try a lower optim.lr or "
-                                    f"trainer.gradient_clip")
+        self._terms = ["loss", *terms]
+        finite = torch.stack([torch.isfinite(v).all() for v in (loss, *terms.values())])
+        self._finite = finite if self._finite is None else self._finite & finite
+        # Reading the flags waits for the device: on an accelerator only every log_every_n_steps.
+        if self.device.type == "cpu" or (batch_idx + 1) % self.cfg.trainer.log_every_n_steps == 0:
+            self._check_finite(f"batch {batch_idx}")
         bs = batch["target"].shape[0]
         self.log("train/loss", loss, prog_bar=True, batch_size=bs)
         self.log_dict({f"train/{k}": v.float() for k, v in terms.items()}, batch_size=bs)
         return loss
+
+    def on_train_epoch_end(self) -> None:
+        self._check_finite("epoch end")
+
+    def _check_finite(self, where: str) -> None:
+        """Raise if a loss term was non-finite at a step since the last check."""
+        finite, self._finite = self._finite, None
+        if finite is None or bool(finite.all()):
+            return
+        bad = [k for k, ok in zip(self._terms, finite.tolist()) if not ok]
+        raise NonFiniteLoss(f"non-finite loss at epoch {self.current_epoch}, by step {self.global_step} ({where}): "
+                            f"term(s) {', '.join(bad)}; try a lower optim.lr or trainer.gradient_clip")
 
     # ---- evaluation -----------------------------------------------------------------
     def _eval_step(self, batch: dict) -> None:
@@ -142,7 +157,11 @@ class GenRec(L.LightningModule):
         no_decay = [p for p in params if p.ndim < 2]
         opt = torch.optim.AdamW([{"params": decay, "weight_decay": o.weight_decay},
                                  {"params": no_decay, "weight_decay": 0.0}], lr=o.lr, betas=tuple(o.betas))
-        total = max(1, self.steps_per_epoch * self.cfg.trainer.max_epochs)
+        if self._trainer is not None:
+            self.total_steps = int(self.trainer.estimated_stepping_batches)
+        else:
+            self.total_steps = self.steps_per_epoch * self.cfg.trainer.max_epochs
+        total = max(1, self.total_steps)
         warmup = int(o.warmup * total)
 
         def schedule(step: int) -> float:

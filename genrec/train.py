@@ -11,7 +11,6 @@ wall time): everything `genrec.report` needs.
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
 import time
@@ -110,14 +109,8 @@ def run(cfg: DictConfig, objective_name: str | None = None) -> dict:
         raise DataError(f"trainer.clip_on={t.clip_on!r} must be mean or sum")
     data = prepare(cfg, log=lambda m: print(m, file=sys.stderr))
     dm = SeqDataModule(data.seq, data.sids, cfg.dataset.max_history, t.batch_size, t.eval_batch_size, cfg.seed,
-                       t.num_workers)
-    world = int(t.devices if isinstance(t.devices, int) else 1) * int(t.num_nodes)
-    batches = math.ceil(len(dm.splits["train"]) / t.batch_size) // world
-    if isinstance(t.limit_train_batches, int):
-        batches = min(batches, t.limit_train_batches)
-    elif t.limit_train_batches < 1:
-        batches = int(batches * t.limit_train_batches)
-    module = GenRec(cfg, data.sids, dm.item_counts(), max(1, math.ceil(batches / t.accumulate)))
+                       t.num_workers, t.pin_memory)
+    module = GenRec(cfg, data.sids, dm.item_counts())  # LR schedule length: from the Trainer (world size)
 
     ckpt = ModelCheckpoint(dirpath=run_dir / "checkpoints", filename="best", monitor=t.monitor, mode=t.monitor_mode,
                            save_last=True, auto_insert_metric_name=False, enable_version_counter=False)

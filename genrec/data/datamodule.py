@@ -4,8 +4,11 @@ Examples are (user, pos) pairs; a batch gathers the up to `max_history` items be
 maps them to SID tokens, appends eos and left-pads. Histories vary from 1 to
 `max_history` items, so batches group examples of similar length (a seeded shuffle, then
 sorting within windows of 50 batches) instead of padding everything to the maximum.
-Under DDP each process takes every world-th batch; samplers depend only on (seed, epoch),
-so results do not depend on the number of processes' batch order or on a resume.
+Under DDP the examples, not whole batches, are dealt to the processes (every world-th one of
+the epoch's order), so every rank gets the same number of examples and batches however few
+there are: evaluation pads with repeats (de-duplicated by index after the gather), training
+drops the n % world remainder of its shuffled order. Samplers depend only on (seed, epoch,
+rank, world), so a resume replays the same batches.
 """
 
 from __future__ import annotations
@@ -69,39 +72,42 @@ class LengthBatches(Sampler):
         self.rank, self.world, self.window = rank, world, window
         self.epoch = epoch  # read at iteration time: the trainer's epoch, also right after a resume
 
-    def batches(self) -> list[np.ndarray]:
+    def share(self) -> int:
+        """Examples per rank: all of them once (evaluation, padded with repeats) or the
+        n // world of the shuffled order (training; at least one, repeated if n < world)."""
         n = len(self.lengths)
-        if not self.shuffle:  # evaluation: sort everything by length, keep every example once
+        return math.ceil(n / self.world) if not self.shuffle else max(1, n // self.world)
+
+    def batches(self) -> list[np.ndarray]:
+        """This rank's batches."""
+        if not self.shuffle:  # evaluation: sort everything by length, keep every example
             order = np.argsort(self.lengths, kind="stable")
-            return [order[i : i + self.batch_size] for i in range(0, n, self.batch_size)]
-        rng = np.random.default_rng([self.seed, self.epoch()])
-        order = rng.permutation(n)
+            mine = np.resize(order, self.share() * self.world)[self.rank :: self.world]
+            return [mine[i : i + self.batch_size] for i in range(0, len(mine), self.batch_size)]
+        rng = np.random.default_rng([self.seed, self.epoch()])  # the same draws on every rank
+        mine = np.resize(rng.permutation(len(self.lengths)), self.share() * self.world)[self.rank :: self.world]
         span = self.batch_size * self.window
-        chunks = [order[i : i + span] for i in range(0, n, span)]
+        chunks = [mine[i : i + span] for i in range(0, len(mine), span)]
         chunks = [c[np.argsort(self.lengths[c], kind="stable")] for c in chunks]
         out = [c[i : i + self.batch_size] for c in chunks for i in range(0, len(c), self.batch_size)]
         return [out[i] for i in rng.permutation(len(out))]
 
     def __iter__(self):
         # A generator: the order is drawn at the first batch, once the trainer's epoch is final.
-        batches = self.batches()
-        if self.shuffle:  # equal number of training steps on every rank
-            batches = batches[: len(batches) // self.world * self.world] or batches
-        for b in batches[self.rank :: self.world]:
+        for b in self.batches():
             yield b.tolist()
 
     def __len__(self) -> int:
-        n = math.ceil(len(self.lengths) / self.batch_size)
-        return max(1, n // self.world) if self.shuffle else math.ceil((n - self.rank) / self.world)
+        return math.ceil(self.share() / self.batch_size)
 
 
 class SeqDataModule(L.LightningDataModule):
     def __init__(self, seq: SeqData, sids: SemanticIds, max_history: int, batch_size: int,
-                 eval_batch_size: int, seed: int, num_workers: int = 0) -> None:
+                 eval_batch_size: int, seed: int, num_workers: int = 0, pin_memory: bool = False) -> None:
         super().__init__()
         self.seq, self.sids, self.seed = seq, sids, seed
         self.max_history, self.batch_size, self.eval_batch_size = max_history, batch_size, eval_batch_size
-        self.num_workers = num_workers
+        self.num_workers, self.pin_memory = num_workers, pin_memory and torch.cuda.is_available()
         self.splits = {s: Examples(seq, sids, s, max_history) for s in ("train", "valid", "test")}
 
     def _loader(self, split: str, shuffle: bool) -> DataLoader:
@@ -110,7 +116,7 @@ class SeqDataModule(L.LightningDataModule):
         sampler = LengthBatches(ds.lengths, self.batch_size if shuffle else self.eval_batch_size, shuffle,
                                 self.seed, rank, world, epoch=lambda: self.trainer.current_epoch if self.trainer else 0)
         # Its own generator: creating an iterator must not consume the global RNG (dropout's).
-        return DataLoader(ds, sampler=sampler, batch_size=None, num_workers=self.num_workers,
+        return DataLoader(ds, sampler=sampler, batch_size=None, num_workers=self.num_workers, pin_memory=self.pin_memory,
                           persistent_workers=self.num_workers > 0, generator=torch.Generator().manual_seed(self.seed))
 
     def train_dataloader(self) -> DataLoader:

@@ -13,7 +13,13 @@ from tqdm import tqdm
 
 
 def _device(device: str | None) -> str:
-    return device or ("cuda" if torch.cuda.is_available() else "cpu")
+    """`device`, else this process's own GPU (a DDP / srun rank's LOCAL_RANK or SLURM_LOCALID, not
+    always GPU 0, where rank 0 trains), else the CPU."""
+    if device:
+        return device
+    if not torch.cuda.is_available():
+        return "cpu"
+    return f"cuda:{int(os.environ.get('LOCAL_RANK', os.environ.get('SLURM_LOCALID', 0)))}"
 
 
 class Random:
@@ -98,6 +104,9 @@ class HFCausalLM:
             mask = enc["attention_mask"][..., None].float()
             out.append(((hidden * mask).sum(1) / mask.sum(1).clamp(min=1)).cpu().numpy())
         emb = np.concatenate(out) if out else np.zeros((0, net.config.hidden_size), np.float32)
+        del net
+        if self.device.startswith("cuda"):
+            torch.cuda.empty_cache()  # hand the 8B model's memory back before training starts
         result = np.empty_like(emb)
         result[order] = emb
         return result.astype(np.float32)

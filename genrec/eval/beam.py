@@ -39,7 +39,7 @@ def level_logprobs(logits: torch.Tensor, trie: Trie, m: int, allowed: torch.Tens
                    temperature: float = 1.0) -> torch.Tensor:
     """Per-step scores of level m's codes, [..., V] -> [..., size_m]: log_softmax(z / tau) over the
     full vocabulary (`allowed` None), or over the codes `allowed` [..., size_m] only (others -inf)."""
-    off = int(trie.offsets[m])
+    off = trie.host_offsets[m]
     z = logits.float() if temperature == 1 else logits.float() / temperature
     if allowed is None:
         return torch.log_softmax(z, dim=-1)[..., off : off + trie.sizes[m]]
@@ -72,7 +72,7 @@ def beam_search(backbone: Backbone, enc: Any, trie: Trie, beam: int, score: str 
         pid = child.flatten(1).gather(1, idx)
         prefix_ids.append(pid)
         if m + 1 < trie.num_levels:
-            tokens = idx % size + int(trie.offsets[m])
+            tokens = idx % size + trie.host_offsets[m]
             logits, state = backbone.step(state, tokens, idx // size)
     pad = beam - pid.shape[1]
     cands = torch.nn.functional.pad(pid, (0, pad), value=-1)

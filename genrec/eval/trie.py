@@ -18,6 +18,7 @@ class Trie:
         codes = torch.from_numpy(sids.cand_codes)  # [C, T] distinct, sorted
         self.sizes = list(sids.sizes)
         self.offsets = torch.as_tensor(sids.offsets, device=device)
+        self.host_offsets = [int(o) for o in sids.offsets]  # for slicing: no device sync per read
         self.vocab_size = sids.vocab_size
         self.num_levels = len(self.sizes)
         # prefix_id[:, m] = id of each candidate's m-prefix among the distinct m-prefixes.
@@ -55,7 +56,7 @@ class Trie:
     def allowed(self, pid: torch.Tensor, m: int) -> torch.Tensor:
         """Bool mask [..., V] of tokens allowed after level-m prefixes `pid` [...]."""
         mask = torch.zeros(*pid.shape, self.vocab_size, dtype=torch.bool, device=pid.device)
-        off = int(self.offsets[m])
+        off = self.host_offsets[m]
         mask[..., off : off + self.sizes[m]] = self.child[m][pid.clamp(min=0)] >= 0
         return mask & (pid >= 0)[..., None]
 

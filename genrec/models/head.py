@@ -10,6 +10,10 @@ for score i reading hidden row r_i and token y_i. The dot products z_r[y] go thr
 `logsumexp_linear` computes the normalisers over chunks of rows and recomputes each chunk's
 logits in backward (one extra [rows, D] x [D, V] matmul), keeping only h and the [rows]
 normalisers. Several scores may read one row (TIGER's bos row is shared by a user's candidates).
+
+Under autocast (bf16-mixed) h arrives in bf16: the normalisers, their backward and the picked
+dot products are computed in float32 from those values with autocast off (a bf16 matmul here
+gave softmax rows summing to 0.9-1.07 and log-probs off by up to 0.1).
 """
 
 from __future__ import annotations
@@ -37,7 +41,9 @@ class _LogsumexpLinear(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(ctx, g: Tensor):
+    @torch.autocast("cuda", enabled=False)
+    @torch.autocast("cpu", enabled=False)
+    def backward(ctx, g: Tensor):  # autocast off: the same float32 math as forward
         h, weight, lse = ctx.saved_tensors
         w = weight.to(h.dtype)
         grad_h, grad_w = torch.empty_like(h), torch.zeros_like(weight, dtype=_acc(h))
@@ -51,11 +57,23 @@ class _LogsumexpLinear(torch.autograd.Function):
 
 
 def logsumexp_linear(h: Tensor, weight: Tensor, tau: float = 1.0) -> Tensor:
+    if torch.is_autocast_enabled(h.device.type):  # float32 math on h's values, not bf16 matmuls
+        with torch.autocast(h.device.type, enabled=False):
+            return _LogsumexpLinear.apply(h.to(_acc(h)), weight, tau)
     return _LogsumexpLinear.apply(h, weight, tau)
 
 
 def head_logprobs(h: Tensor, weight: Tensor, rows: Tensor, tokens: Tensor, tau: float = 1.0) -> Tensor:
     """log softmax(W h_r / tau)[y] for hidden rows h [R, D], head weight W [V, D] (no bias) and
     the scores' rows r and tokens y (same shape): log-probs of that shape (float32 or wider)."""
-    picked = (h[rows] * weight[tokens].to(h.dtype)).sum(-1).to(_acc(h)) / tau
+    acc = _acc(h)
+    picked = (h[rows].to(acc) * weight[tokens].to(acc)).sum(-1) / tau
     return picked - logsumexp_linear(h, weight, tau)[rows]
+
+
+def float_logits(h: Tensor, weight: Tensor) -> Tensor:
+    """h W^T in float32 or wider, autocast off: beam search and full ranking score from these
+    (bf16 logits tie dozens of a level's 256 codes and coarsen the ranking)."""
+    acc = torch.promote_types(_acc(h), weight.dtype)
+    with torch.autocast(h.device.type, enabled=False):
+        return h.to(acc) @ weight.to(acc).T

@@ -23,7 +23,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from genrec.models.base import BOS, EOS, PAD, Backbone
-from genrec.models.head import head_logprobs
+from genrec.models.head import float_logits, head_logprobs
 
 KV = list[tuple[Tensor, Tensor]]  # per layer (keys, values)
 
@@ -151,7 +151,7 @@ class Llama(Backbone):
         own = causal & (mask[:, None, :] | torch.eye(L, dtype=torch.bool, device=mask.device))  # pads see themselves
         x, cache = self._forward(history[:, None], pos[:, None], own[:, None, None], None, None)
         kv = [(k[:, 0], v[:, 0]) for k, v in cache]
-        return LlamaEncoding(mask, mask.sum(-1), kv, self.hf.lm_head(x[:, 0, -1]))
+        return LlamaEncoding(mask, mask.sum(-1), kv, float_logits(x[:, 0, -1], self.hf.lm_head.weight))
 
     def _remat(self, tokens: Tensor) -> bool:
         """Recompute the candidates' layer activations in backward (training on N > 1 candidates)?"""
@@ -199,4 +199,4 @@ class Llama(Backbone):
             t = cache[0][0].shape[-2]
         pos = (enc.length + t)[:, None, None].expand(*tokens.shape, 1)
         x, cache = self._forward(tokens[..., None], pos, None, enc, cache)
-        return self.hf.lm_head(x[:, :, -1]), LlamaState(enc, cache)
+        return float_logits(x[:, :, -1], self.hf.lm_head.weight), LlamaState(enc, cache)

@@ -34,7 +34,7 @@ from transformers import T5Config, T5ForConditionalGeneration
 
 from genrec.models.base import BOS, EOS, PAD, Backbone
 from genrec.models.dropout import dropout, replace_dropout
-from genrec.models.head import head_logprobs
+from genrec.models.head import float_logits, head_logprobs
 from genrec.models.tiger_backward import CandidateBlock, EncoderBlock
 
 
@@ -85,11 +85,11 @@ class Tiger(Backbone):
         lean_users: int | None = 16,
     ) -> None:
         """`max_positions` is accepted for the common backbone signature; T5 positions are relative.
-        `lean_users`: training (without autocast) runs the encoder blocks and, on N > 1 candidates
-        per user (pairwise APAO, S-DPO), the decoder blocks with hand-written backward passes
-        (`genrec.models.tiger_backward`: about a quarter of autograd's activation memory), the
-        candidate blocks on this many users per call (bounding the temporaries); null: autograd
-        through the HF modules."""
+        `lean_users`: training (also under bf16-mixed: these blocks compute in float32) runs the
+        encoder blocks and, on N > 1 candidates per user (pairwise APAO, S-DPO), the decoder blocks
+        with hand-written backward passes (`genrec.models.tiger_backward`: about a quarter of
+        autograd's activation memory), the candidate blocks on this many users per call (bounding
+        the temporaries); null: autograd through the HF modules."""
         super().__init__()
         self.vocab_size = vocab_size
         self.max_positions = max_positions
@@ -120,14 +120,14 @@ class Tiger(Backbone):
     def _dropout(self, x: Tensor) -> Tensor:
         return dropout(x, self.hf.config.dropout_rate, self.training)
 
-    def _lean(self, x: Tensor) -> bool:
+    def _lean(self) -> bool:
         """Train through the hand-written block backward (`genrec.models.tiger_backward`)?"""
         return bool(self.lean_users and self.training and torch.is_grad_enabled()
-                    and not torch.is_autocast_enabled(x.device.type) and self.hf.config.feed_forward_proj == "relu")
+                    and self.hf.config.feed_forward_proj == "relu")
 
     def encode(self, history: Tensor, mask: Tensor) -> TigerEncoding:
         mask = mask.bool()
-        if self._lean(history):
+        if self._lean():
             states = self._lean_encoder(history, mask)
         else:
             states = self.hf.encoder(input_ids=history, attention_mask=mask).last_hidden_state
@@ -141,9 +141,10 @@ class Tiger(Backbone):
         enc, L = self.hf.encoder, history.shape[1]
         x = self._dropout(enc.embed_tokens(history))
         bias = enc.block[0].layer[0].SelfAttention.compute_bias(L, L, device=x.device).to(x.dtype)  # [1, H, L, L]
-        for blk in enc.block:
-            eps = blk.layer[0].layer_norm.variance_epsilon
-            x = EncoderBlock.apply(x, bias, mask, self.hf.config.dropout_rate, eps, *self._block_weights(blk))
+        with torch.autocast(x.device.type, enabled=False):  # see `_decode`
+            for blk in enc.block:
+                eps = blk.layer[0].layer_norm.variance_epsilon
+                x = EncoderBlock.apply(x, bias, mask, self.hf.config.dropout_rate, eps, *self._block_weights(blk))
         return self._dropout(enc.final_layer_norm(x))
 
     def _self_bias(self, past: int, S: int, like: Tensor) -> Tensor:
@@ -198,12 +199,16 @@ class Tiger(Backbone):
         x = self._dropout(self.hf.decoder.embed_tokens(prefix))  # [B, N, m, D]
         bias = self._self_bias(0, m + 1, x)  # [H, m + 1, m + 1]
         z = torch.cat([x0.reshape(B, 1, -1), x.reshape(B, N * m, x.shape[-1])], 1)
-        if N > 1 and m > 0 and self._lean(x):
+        if N > 1 and m > 0 and self._lean():
+            # The hand-written blocks compute in the parameters' dtype with autocast off (under
+            # bf16-mixed too: their backward runs outside autocast, so forward must not run in bf16).
             p, users = self.hf.config.dropout_rate, self.lean_users
             for i, blk in enumerate(self.hf.decoder.block):
                 w, eps, (ck, cv) = self._block_weights(blk), blk.layer[0].layer_norm.variance_epsilon, enc.cross_kv[i]
-                z = torch.cat([CandidateBlock.apply(*g, bias, p, eps, *w) for g in
-                               zip(z.split(users), ck.split(users), cv.split(users), enc.mask.split(users))])
+                ck, cv = ck.to(z.dtype), cv.to(z.dtype)  # bf16 from the encoder's autocast projection
+                with torch.autocast(z.device.type, enabled=False):
+                    z = torch.cat([CandidateBlock.apply(*g, bias, p, eps, *w) for g in
+                                   zip(z.split(users), ck.split(users), cv.split(users), enc.mask.split(users))])
         else:
             for i, blk in enumerate(self.hf.decoder.block):
                 z = self._candidate_block(blk, i, enc, bias, z, N, m)
@@ -261,7 +266,7 @@ class Tiger(Backbone):
             q = qkv[:, :, 0].transpose(1, 2).contiguous()  # [B, H, K, d]
             w = torch.cat([_dots(q, c[i, 0], j) for c, j in zip(cache, idx)], -1)  # T5: no 1/sqrt(d)
             p = self._dropout((w + bias).softmax(-1))  # [B, H, K, t + 1]
-            y = sum(_mix(p[..., [s]], c[i, 1], j) for s, (c, j) in enumerate(zip(cache, idx)))  # [B, H, K, d]
+            y = sum(_mix(p[..., s : s + 1], c[i, 1], j) for s, (c, j) in enumerate(zip(cache, idx)))  # [B, H, K, d]
             x = x + self._dropout(sa.SelfAttention.o(y.transpose(1, 2).flatten(-2)))
             x = self._cross_ff(blk, x, enc, i)
-        return self.hf.lm_head(self._head_input(x)), TigerState(enc, state.qkv, cache, anc)
+        return float_logits(self._head_input(x), self.hf.lm_head.weight), TigerState(enc, state.qkv, cache, anc)

@@ -24,6 +24,8 @@ Logged: apao/ce, apao/prefix (sum_m w_m L_m), apao/L{m}, apao/w{m}.
 
 from __future__ import annotations
 
+from itertools import accumulate
+
 import torch
 import torch.distributed as dist
 
@@ -32,6 +34,12 @@ from genrec.models.base import Backbone, token_logprobs
 from genrec.objectives import bear as bear_lib
 from genrec.objectives.ce import CE
 from genrec.objectives.negatives import Negatives, make_negatives
+
+
+def prefix_sums(x: torch.Tensor) -> torch.Tensor:
+    """Running sums over the last (T-long) dim. Not `cumsum`: CUDA torch < 2.6 has no deterministic
+    float cumsum and raises under `deterministic: true`; T adds are as cheap."""
+    return torch.stack(list(accumulate(x.unbind(-1))), -1)
 
 
 def collision_mask(pid: torch.Tensor) -> torch.Tensor:
@@ -98,6 +106,8 @@ class APAO(CE):
         if self.drop_prefix is not None:
             keep[self.drop_prefix - 1] = False
         self.register_buffer("keep", keep, persistent=False)
+        others = [ctx.trie.num_prefixes(k) - 1 for k in range(1, T + 1)]  # P_m - 1 (on the device: no copy per step)
+        self.register_buffer("others", torch.tensor(others), persistent=False)
         if "weights" not in self._buffers:  # training state: restored from a checkpoint after setup
             self.register_buffer("weights", keep.double() / keep.sum())
         if self.loss != "pointwise":
@@ -132,7 +142,7 @@ class APAO(CE):
             _, logits = self.teacher_forced(batch, backbone)
             s = token_logprobs(logits, self.scored(target), self.temperature)  # [B, T(+1)]
             ce, pos_logits = -s.mean(), logits
-            L = -(s[:, :T].cumsum(1) / m).mean(0) / self.prefix_temperature
+            L = -(prefix_sums(s[:, :T]) / m).mean(0) / self.prefix_temperature
         else:
             enc = backbone.encode(batch["history"], batch["mask"])
             negs = self.negatives.sample(batch, self.num_negatives, backbone, enc)  # [B, N]
@@ -143,15 +153,14 @@ class APAO(CE):
                 logits = backbone.prefix_logits(enc, self.prefixes(tokens))
                 s, pos_logits = token_logprobs(logits, self.scored(tokens), self.temperature), logits[:, 0]
             ce = -s[:, 0].mean()
-            S = s[..., :T].cumsum(-1) / self.prefix_temperature  # [B, 1 + N, T]
+            S = prefix_sums(s[..., :T]) / self.prefix_temperature  # [B, 1 + N, T]
             cands = torch.cat([batch["target_cand"][:, None], negs], 1)
             masked = collision_mask(trie.cand_prefix_id[cands][..., 1:])[:, 1:]
             if not self.mask_collisions:
                 masked = torch.zeros_like(masked)
             log_c = None
             if self.loss == "pairwise" and self.correction:
-                P = torch.tensor([trie.num_prefixes(k) for k in range(1, T + 1)], device=target.device)
-                log_c = torch.log((P - 1) / (~masked).sum(1).clamp(min=1))  # [B, T]
+                log_c = torch.log(self.others / (~masked).sum(1).clamp(min=1))  # [B, T]
             L = softmax_prefix_loss(S, masked, log_c)
             L = (L / m if self.loss == "pairwise" else L).mean(0)
         w = self.prefix_weights(L.detach())

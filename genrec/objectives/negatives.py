@@ -26,12 +26,12 @@ from genrec.models.base import Backbone
 M32 = 0xFFFFFFFF
 
 
-def _mul32(a: torch.Tensor, c: int) -> torch.Tensor:
+def _mul32(a: torch.Tensor | int, c: int) -> torch.Tensor | int:
     """(a * c) mod 2**32 for a in [0, 2**32), in int64 without overflow (16-bit halves)."""
     return ((a & 0xFFFF) * c + ((((a >> 16) * c) & 0xFFFF) << 16)) & M32
 
 
-def _fmix32(h: torch.Tensor) -> torch.Tensor:
+def _fmix32(h: torch.Tensor | int) -> torch.Tensor | int:
     """MurmurHash3's 32-bit finaliser."""
     h = h ^ (h >> 16)
     h = _mul32(h, 0x85EBCA6B)
@@ -41,12 +41,13 @@ def _fmix32(h: torch.Tensor) -> torch.Tensor:
 
 
 def hash32(*keys: torch.Tensor | int, device: torch.device | str | None = None) -> torch.Tensor:
-    """Well-mixed 32-bit values (int64 in [0, 2**32)) of broadcast integer keys."""
-    h = torch.zeros((), dtype=torch.long, device=device)
+    """Well-mixed 32-bit values (int64 in [0, 2**32)) of broadcast integer keys. Python int keys
+    are mixed on the host (the same arithmetic): no host-to-device copy per call."""
+    h = 0
     for k in keys:
-        k = torch.as_tensor(k, dtype=torch.long, device=device) & M32
+        k = (k.long() if isinstance(k, torch.Tensor) else int(k)) & M32
         h = _fmix32(_mul32(h, 0x01000193) ^ _fmix32(k ^ 0x9E3779B9))
-    return h
+    return torch.as_tensor(h, dtype=torch.long, device=device)
 
 
 class Negatives(nn.Module):

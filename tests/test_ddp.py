@@ -1,0 +1,137 @@
+"""Multi-process runs: the samplers' sharding, and gloo DDP fits on CPU with more ranks than batches."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+from genrec.data.datamodule import LengthBatches
+from genrec.lit import GenRec
+from genrec.train import run
+
+ROOT = Path(__file__).parents[1]
+
+
+@pytest.mark.parametrize("n", [1, 3, 7, 300])
+@pytest.mark.parametrize("world", [1, 2, 4, 5])
+def test_eval_shards_cover_every_example_and_no_rank_is_idle(n, world):
+    lengths = np.random.default_rng(n).integers(1, 20, n)
+    shards = [LengthBatches(lengths, 128, False, 0, r, world) for r in range(world)]
+    got = [[b for b in s] for s in shards]
+    assert all(len(g) == len(s) >= 1 for g, s in zip(got, shards))  # __len__ is right, nobody is empty
+    assert len({len(g) for g in got}) == 1  # every rank runs the same number of steps
+    seen = np.concatenate([np.concatenate(g) for g in got])
+    assert sorted(set(seen)) == list(range(n))  # every example, repeats only as padding
+    assert len(seen) - n < world
+    if world == 1:  # one process: all examples once, sorted by length
+        assert list(seen) == list(np.argsort(lengths, kind="stable"))
+
+
+@pytest.mark.parametrize("n", [2, 5, 130, 1000])
+@pytest.mark.parametrize("world", [1, 3, 4])
+def test_train_shards_are_disjoint_and_equal(n, world):
+    lengths = np.random.default_rng(n).integers(1, 20, n)
+    shards = [LengthBatches(lengths, 64, True, 0, r, world, window=2, epoch=lambda: 3) for r in range(world)]
+    got = [s.batches() for s in shards]
+    assert all(len(g) == len(s) >= 1 for g, s in zip(got, shards))
+    assert len({len(g) for g in got}) == 1 and len({sum(map(len, g)) for g in got}) == 1
+    seen = np.concatenate([np.concatenate(g) for g in got])
+    if n >= world:  # disjoint, at most world - 1 left out this epoch
+        assert len(set(seen)) == len(seen) and n - len(seen) < world
+    else:  # fewer examples than ranks: each rank still gets one (some repeated)
+        assert set(seen) == set(range(n)) and len(seen) == world
+    assert [list(b) for b in shards[0].batches()] == [list(b) for b in got[0]]  # same (seed, epoch): same
+
+
+def test_gloo_ddp_more_ranks_than_batches_evaluates_every_user_once(tmp_path):
+    """4 CPU processes; 2 training batches of 2048 and 3 eval batches of 128 in one process's
+    terms (300 users): every rank still trains and evaluates, every user is counted once, and
+    the test metrics are those of a single-process evaluation of the same checkpoint. `devices`
+    is the string "4" (like "auto" or a list: not an int): the cosine schedule still spans
+    exactly the one step taken (it used to assume one process: 2 steps, ending at lr / 2)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    run_dir, data_dir = tmp_path / "run", tmp_path / "data"
+    out = subprocess.run([sys.executable, "-m", "genrec.train", "experiment=tiny", "trainer=ddp",
+                          "trainer.accelerator=cpu", "trainer.devices='4'", "trainer.precision=32-true",
+                          "trainer.max_epochs=1", "optim.warmup=0", "trainer.batch_size=2048", "trainer.eval_batch_size=128",
+                          f"hydra.run.dir={run_dir}", f"data_dir={data_dir}"],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    m = json.loads((run_dir / "metrics.json").read_text())
+    assert m["test/users"] == 300 and m["val/users"] == 300
+    ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert ckpt["global_step"] == 1 and ckpt["optimizer_states"][0]["param_groups"][0]["lr"] == 0.0
+
+    from genrec.evaluate import evaluate
+
+    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("evaluate", overrides=[f"ckpt={m['checkpoint']}", "eval.beam=5", "eval.ks=[1,5]",
+                                             f"data_dir={data_dir}", "accelerator=cpu"])
+    one = evaluate(cfg)
+    ranking = [k for k in m if k.startswith("test/") and k != "test/loss"]
+    assert {k: one[k] for k in ranking} == pytest.approx({k: m[k] for k in ranking}, rel=1e-6)
+    assert one["test/loss"] == pytest.approx(m["test/loss"], rel=1e-4)  # other batches: other padding
+
+
+def test_schedule_spans_the_steps_lightning_takes(tmp_path, monkeypatch):
+    """devices=auto, gradient accumulation and a batch limit: the schedule's length is the
+    number of optimizer steps the fit takes (2 epochs x 4 / 2)."""
+    seen = {}
+    configure = GenRec.configure_optimizers
+
+    def spy(self):
+        out = configure(self)
+        seen["total"], seen["module"] = self.total_steps, self
+        return out
+
+    monkeypatch.setattr(GenRec, "configure_optimizers", spy)
+    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=["experiment=tiny", f"run_dir={tmp_path}/run", f"data_dir={tmp_path}/data",
+                                           "trainer.accelerator=cpu", "trainer.devices=auto", "trainer.accumulate=2",
+                                           "trainer.limit_train_batches=4", "trainer.max_epochs=2", "optim.warmup=0"])
+    run(cfg)
+    trainer = seen["module"].trainer
+    assert seen["total"] == trainer.global_step == 4
+    assert trainer.optimizers[0].param_groups[0]["lr"] == 0.0  # the cosine ends at the last step
+
+
+@pytest.mark.parametrize("devices, world", [(-1, 4), ("auto", 4), ([0, 2], 2), ("0,1,2", 3)])
+def test_schedule_length_follows_lightnings_world_size(tmp_path, devices, world):
+    """On a machine that reports 4 GPUs (mocked: nothing runs on them), `devices` in any of
+    Lightning's forms sizes the LR schedule from this rank's share of the examples."""
+    from unittest import mock
+
+    import lightning as L
+    import lightning.fabric.accelerators.cuda as fabric_cuda
+    import lightning.pytorch.accelerators.cuda as pl_cuda
+
+    from genrec.data.datamodule import SeqDataModule
+    from genrec.prepare import prepare
+
+    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=["experiment=tiny", f"run_dir={tmp_path}/run", f"data_dir={tmp_path}/data",
+                                           "trainer.max_epochs=3"])
+    data = prepare(cfg)
+    dm = SeqDataModule(data.seq, data.sids, cfg.dataset.max_history, 64, 128, cfg.seed)
+    module = GenRec(cfg, data.sids, dm.item_counts())
+    with mock.patch.object(fabric_cuda, "num_cuda_devices", lambda: 4), \
+            mock.patch.object(pl_cuda.CUDAAccelerator, "is_available", staticmethod(lambda: True)), \
+            mock.patch("torch.cuda.device_count", lambda: 4), mock.patch("torch.cuda.is_available", lambda: True):
+        trainer = L.Trainer(accelerator="gpu", devices=devices, strategy="ddp", max_epochs=3, accumulate_grad_batches=2,
+                            logger=False, use_distributed_sampler=False)
+        with mock.patch.object(type(trainer.strategy), "root_device", new_callable=mock.PropertyMock,
+                               return_value=torch.device("cpu")):
+            trainer.strategy.connect(module)
+            trainer._data_connector.attach_data(module, datamodule=dm)
+            trainer.state.fn = "fit"
+            module.trainer = trainer
+            module.configure_optimizers()
+    assert trainer.world_size == world
+    per_rank_batches = -(-(len(dm.splits["train"]) // world) // 64)  # ceil(share / batch size)
+    assert module.total_steps == 3 * -(-per_rank_batches // 2)
