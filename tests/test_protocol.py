@@ -74,8 +74,10 @@ def _module(cfg) -> tuple[GenRec, SeqDataModule]:
 
 def _reference(module: GenRec, batches: list[dict], accumulate: int, clip: float, divide: bool) -> GenRec:
     """Explicit accumulation: backward each micro-batch loss (divided by `accumulate` or not), clip the
-    accumulated .grad at norm `clip`, AdamW step (the module's own optimizer and lr schedule)."""
+    accumulated .grad at norm `clip`, AdamW step (the module's own optimizer and lr schedule, spanning the
+    steps taken here, as under the Trainer's `max_steps`)."""
     module = copy.deepcopy(module)
+    module.steps_per_epoch, module.cfg.trainer.max_epochs = len(batches) // accumulate, 1
     conf = module.configure_optimizers()
     opt, sched = conf["optimizer"], conf["lr_scheduler"]["scheduler"]
     for i in range(0, len(batches), accumulate):
