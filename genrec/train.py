@@ -10,6 +10,7 @@ wall time): everything `genrec.report` needs.
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 import os
@@ -22,6 +23,8 @@ import lightning as L
 import torch
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.plugins import TorchCheckpointIO
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from genrec.data.datamodule import SeqDataModule
@@ -35,11 +38,72 @@ CONF = Path(__file__).resolve().parent.parent / "conf"
 VOLATILE = ("resume", "run_dir")  # config keys that may differ between a run and its resumption
 
 
-def write_json(path: Path, obj: dict) -> None:
-    """Atomic: a crash never leaves a half-written file that a report would trust."""
+def write_text(path: Path, text: str) -> None:
+    """Atomic: a crash never leaves a half-written file that a report or a resume would trust."""
     tmp = path.with_suffix(path.suffix + f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(obj, indent=1, default=float))
+    tmp.write_text(text)
     os.replace(tmp, path)
+
+
+def write_json(path: Path, obj: dict) -> None:
+    write_text(path, json.dumps(obj, indent=1, default=float))
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Writes each checkpoint to `.<name>.tmp` and renames it into place: a kill while writing
+    leaves the previous last.ckpt / best.ckpt whole, never a half-written one."""
+
+    def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
+        tmp = Path(path).with_name(f".{Path(path).name}.tmp")
+        super().save_checkpoint(checkpoint, tmp, storage_options)
+        os.replace(tmp, path)
+
+
+class Checkpoints(ModelCheckpoint):
+    """best.ckpt as ModelCheckpoint keeps it, and last.ckpt at the end of every epoch, after
+    validation (Lightning's `save_last` skips epochs that do not improve best.ckpt): a resumed
+    run replays at most one epoch."""
+
+    def on_train_epoch_end(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+        super().on_train_epoch_end(trainer, module)
+        trainer.save_checkpoint(Path(self.dirpath) / "last.ckpt")
+
+
+class ResumableEarlyStopping(EarlyStopping):
+    """Lightning does not checkpoint `trainer.should_stop`: without this, a run killed after it
+    stopped early (e.g. during the final test) would train one more epoch when resumed."""
+
+    def on_train_start(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+        if self.stopped_epoch:  # restored from last.ckpt
+            trainer.should_stop = True
+
+
+def keep_logged_rows(logger, epoch: int) -> None:
+    """CSV logger on a resumed run: keep the rows logged up to the end of `epoch` (the
+    checkpoint's; -1 for a fresh start), drop the later ones, which the run logs again, and
+    any row a kill cut short. The file is replaced atomically; Lightning then appends to it."""
+    if not isinstance(logger, CSVLogger):
+        return
+    path = Path(logger.log_dir) / "metrics.csv"
+    old = path.with_name("metrics.csv.resumed")  # the untrimmed rows until the trimmed file is in place
+    if path.exists():
+        os.replace(path, old)
+    rows, header = [], []
+    if old.exists():
+        with open(old, newline="") as f:
+            reader = csv.DictReader(f)
+            header = list(reader.fieldnames or [])
+            rows = [r for r in reader if None not in r.values() and r["epoch"].isdigit() and int(r["epoch"]) <= epoch]
+    writer = logger.experiment  # created now, with no metrics.csv to find (Lightning >= 2.5 deletes it)
+    if rows:
+        tmp = path.with_name("metrics.csv.tmp")
+        with open(tmp, "w", newline="") as f:
+            out = csv.DictWriter(f, fieldnames=header)
+            out.writeheader()
+            out.writerows(rows)
+        os.replace(tmp, path)
+        writer.metrics_keys = header
+    old.unlink(missing_ok=True)
 
 
 def _comparable(cfg: DictConfig | dict) -> dict:
@@ -114,9 +178,9 @@ def run(cfg: DictConfig, objective_name: str | None = None) -> dict:
         batches = int(batches * t.limit_train_batches)
     module = GenRec(cfg, data.sids, dm.item_counts(), max(1, math.ceil(batches / t.accumulate)))
 
-    ckpt = ModelCheckpoint(dirpath=run_dir / "checkpoints", filename="best", monitor=t.monitor, mode="max",
-                           save_last=True, auto_insert_metric_name=False, enable_version_counter=False)
-    stop = EarlyStopping(monitor=t.monitor, mode="max", patience=t.patience)
+    ckpt = Checkpoints(dirpath=run_dir / "checkpoints", filename="best", monitor=t.monitor, mode="max",
+                       auto_insert_metric_name=False, enable_version_counter=False)
+    stop = ResumableEarlyStopping(monitor=t.monitor, mode="max", patience=t.patience)
     trainer = L.Trainer(
         max_epochs=t.max_epochs, accelerator=t.accelerator, devices=t.devices, num_nodes=t.num_nodes,
         strategy=t.strategy, precision=t.precision, accumulate_grad_batches=t.accumulate,
@@ -127,11 +191,15 @@ def run(cfg: DictConfig, objective_name: str | None = None) -> dict:
         limit_test_batches=t.limit_test_batches, enable_progress_bar=t.progress_bar, default_root_dir=run_dir,
         enable_model_summary=False, log_every_n_steps=t.log_every_n_steps,
     )
-    if trainer.is_global_zero:
-        (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
-        trainer.logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
+    trainer.strategy.checkpoint_io = AtomicCheckpointIO()
     last = run_dir / "checkpoints" / "last.ckpt"
-    trainer.fit(module, dm, ckpt_path=str(last) if resume_dir is not None and last.exists() else None)
+    resume_from = last if resume_dir is not None and last.exists() else None
+    if trainer.is_global_zero:
+        write_text(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+        epoch = torch.load(last, map_location="cpu", mmap=True, weights_only=False)["epoch"] if resume_from else -1
+        keep_logged_rows(trainer.logger, epoch)
+        trainer.logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
+    trainer.fit(module, dm, ckpt_path=str(resume_from) if resume_from else None)
     history = list(module.history)
     best = ckpt.best_model_path or str(last)
     trainer.test(module, dm, ckpt_path=best, verbose=False)
