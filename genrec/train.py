@@ -27,6 +27,7 @@ from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.plugins import TorchCheckpointIO
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from genrec.config_check import check, exit_if_invalid
 from genrec.data.datamodule import SeqDataModule
 from genrec.data.readers.common import DataError
 from genrec.lit import GenRec, NonFiniteLoss
@@ -152,6 +153,7 @@ def run_stage1(cfg: DictConfig, run_dir: Path) -> None:
 
 def run(cfg: DictConfig, objective_name: str | None = None) -> dict:
     start = time.time()
+    check(cfg)
     resume_dir = find_resume_dir(cfg)
     if resume_dir is not None:
         with open_dict(cfg):
@@ -255,6 +257,7 @@ def main(cfg: DictConfig) -> float | None:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
+    exit_if_invalid(cfg)
     try:
         result = run(cfg)
     except BaseException as e:

@@ -17,7 +17,7 @@ ROOT = Path(__file__).parents[1]
 TINY = ["experiment=tiny", "trainer.max_epochs=3", "trainer.limit_train_batches=6", "trainer.log_every_n_steps=2"]
 
 
-def train(run_dir: Path, data_dir: Path, *extra: str, kill: tuple[str, int] | None = None) -> subprocess.CompletedProcess:
+def train(run_dir: Path, data_dir: Path, *extra: str, kill: tuple[str, int] | None = None):
     entry = [str(ROOT / "tests" / "killpoint.py"), kill[0], str(kill[1])] if kill else ["-m", "genrec.train"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
     return subprocess.run([sys.executable, *entry, *TINY, f"hydra.run.dir={run_dir}", f"data_dir={data_dir}", *extra],
