@@ -1,7 +1,7 @@
 """Re-evaluate a trained run (other beam widths, full ranking, the other split).
 
     python -m genrec.evaluate ckpt=<run dir or .ckpt> eval.beam=50 eval.full_rank=true
-    python -m genrec.evaluate -m ckpt=<run dir> eval.beam=10,20,50,100
+    python -m genrec.evaluate -m ckpt=<run dir> eval.beam=10,20,50,100 'eval.ks=[5,10]'
     python -m genrec.evaluate ckpt=<run dir> eval.score=masked eval.temperature=2.0
 
 Rebuilds the run's model from its saved `config.yaml` (data artefacts come from the
@@ -21,6 +21,7 @@ import lightning as L
 import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from genrec.config_check import exit_if_invalid
 from genrec.data.datamodule import SeqDataModule
 from genrec.data.readers.common import DataError
 from genrec.lit import GenRec
@@ -74,9 +75,7 @@ def evaluate(cfg: DictConfig) -> dict:
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="evaluate")
 def main(cfg: DictConfig) -> None:
-    if cfg.split not in ("test", "valid"):
-        print(f"error: split={cfg.split!r} must be test or valid", file=sys.stderr)
-        sys.exit(2)
+    exit_if_invalid(cfg)
     try:
         result = evaluate(cfg)
     except DataError as e:

@@ -20,6 +20,7 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from genrec.config_check import exit_if_invalid
 from genrec.data.preprocess import SeqData, build_sequences, item_texts, leave_one_out, sliding_window
 from genrec.data.readers.common import DataError
 from genrec.data.semantic_ids import SemanticIds
@@ -123,6 +124,7 @@ def print_summary(s: dict) -> None:
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> None:
+    exit_if_invalid(cfg)
     try:
         prepared = prepare(cfg)
     except DataError as e:

@@ -10,6 +10,7 @@ wall time): everything `genrec.report` needs.
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import sys
@@ -21,8 +22,11 @@ import lightning as L
 import torch
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.plugins import TorchCheckpointIO
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from genrec.config_check import check, exit_if_invalid
 from genrec.data.datamodule import SeqDataModule
 from genrec.data.readers.common import DataError
 from genrec.lit import GenRec, NonFiniteLoss
@@ -34,11 +38,72 @@ CONF = Path(__file__).resolve().parent.parent / "conf"
 VOLATILE = ("resume", "run_dir")  # config keys that may differ between a run and its resumption
 
 
-def write_json(path: Path, obj: dict) -> None:
-    """Atomic: a crash never leaves a half-written file that a report would trust."""
+def write_text(path: Path, text: str) -> None:
+    """Atomic: a crash never leaves a half-written file that a report or a resume would trust."""
     tmp = path.with_suffix(path.suffix + f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(obj, indent=1, default=float))
+    tmp.write_text(text)
     os.replace(tmp, path)
+
+
+def write_json(path: Path, obj: dict) -> None:
+    write_text(path, json.dumps(obj, indent=1, default=float))
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Writes each checkpoint to `.<name>.tmp` and renames it into place: a kill while writing
+    leaves the previous last.ckpt / best.ckpt whole, never a half-written one."""
+
+    def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
+        tmp = Path(path).with_name(f".{Path(path).name}.tmp")
+        super().save_checkpoint(checkpoint, tmp, storage_options)
+        os.replace(tmp, path)
+
+
+class Checkpoints(ModelCheckpoint):
+    """best.ckpt as ModelCheckpoint keeps it, and last.ckpt at the end of every epoch, after
+    validation (Lightning's `save_last` skips epochs that do not improve best.ckpt): a resumed
+    run replays at most one epoch."""
+
+    def on_train_epoch_end(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+        super().on_train_epoch_end(trainer, module)
+        trainer.save_checkpoint(Path(self.dirpath) / "last.ckpt")
+
+
+class ResumableEarlyStopping(EarlyStopping):
+    """Lightning does not checkpoint `trainer.should_stop`: without this, a run killed after it
+    stopped early (e.g. during the final test) would train one more epoch when resumed."""
+
+    def on_train_start(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+        if self.stopped_epoch:  # restored from last.ckpt
+            trainer.should_stop = True
+
+
+def keep_logged_rows(logger, epoch: int) -> None:
+    """CSV logger on a resumed run: keep the rows logged up to the end of `epoch` (the
+    checkpoint's; -1 for a fresh start), drop the later ones, which the run logs again, and
+    any row a kill cut short. The file is replaced atomically; Lightning then appends to it."""
+    if not isinstance(logger, CSVLogger):
+        return
+    path = Path(logger.log_dir) / "metrics.csv"
+    old = path.with_name("metrics.csv.resumed")  # the untrimmed rows until the trimmed file is in place
+    if path.exists():
+        os.replace(path, old)
+    rows, header = [], []
+    if old.exists():
+        with open(old, newline="") as f:
+            reader = csv.DictReader(f)
+            header = list(reader.fieldnames or [])
+            rows = [r for r in reader if None not in r.values() and r["epoch"].isdigit() and int(r["epoch"]) <= epoch]
+    writer = logger.experiment  # created now, with no metrics.csv to find (Lightning >= 2.5 deletes it)
+    if rows:
+        tmp = path.with_name("metrics.csv.tmp")
+        with open(tmp, "w", newline="") as f:
+            out = csv.DictWriter(f, fieldnames=header)
+            out.writeheader()
+            out.writerows(rows)
+        os.replace(tmp, path)
+        writer.metrics_keys = header
+    old.unlink(missing_ok=True)
 
 
 def _comparable(cfg: DictConfig | dict) -> dict:
@@ -88,6 +153,7 @@ def run_stage1(cfg: DictConfig, run_dir: Path) -> None:
 
 def run(cfg: DictConfig, objective_name: str | None = None) -> dict:
     start = time.time()
+    check(cfg)
     resume_dir = find_resume_dir(cfg)
     if resume_dir is not None:
         with open_dict(cfg):
@@ -103,18 +169,14 @@ def run(cfg: DictConfig, objective_name: str | None = None) -> dict:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
     t = cfg.trainer
-    if t.monitor_mode not in ("max", "min"):
-        raise DataError(f"trainer.monitor_mode={t.monitor_mode!r} must be max or min")
-    if t.get("clip_on", "mean") not in ("mean", "sum"):
-        raise DataError(f"trainer.clip_on={t.clip_on!r} must be mean or sum")
     data = prepare(cfg, log=lambda m: print(m, file=sys.stderr))
     dm = SeqDataModule(data.seq, data.sids, cfg.dataset.max_history, t.batch_size, t.eval_batch_size, cfg.seed,
                        t.num_workers, t.pin_memory)
     module = GenRec(cfg, data.sids, dm.item_counts())  # LR schedule length: from the Trainer (world size)
 
-    ckpt = ModelCheckpoint(dirpath=run_dir / "checkpoints", filename="best", monitor=t.monitor, mode=t.monitor_mode,
-                           save_last=True, auto_insert_metric_name=False, enable_version_counter=False)
-    stop = EarlyStopping(monitor=t.monitor, mode=t.monitor_mode, patience=t.patience)
+    ckpt = Checkpoints(dirpath=run_dir / "checkpoints", filename="best", monitor=t.monitor, mode=t.monitor_mode,
+                       auto_insert_metric_name=False, enable_version_counter=False)
+    stop = ResumableEarlyStopping(monitor=t.monitor, mode=t.monitor_mode, patience=t.patience)
     trainer = L.Trainer(
         max_epochs=t.max_epochs, accelerator=t.accelerator, devices=t.devices, num_nodes=t.num_nodes,
         strategy=t.strategy, precision=t.precision, accumulate_grad_batches=t.accumulate,
@@ -125,11 +187,15 @@ def run(cfg: DictConfig, objective_name: str | None = None) -> dict:
         limit_test_batches=t.limit_test_batches, enable_progress_bar=t.progress_bar, default_root_dir=run_dir,
         enable_model_summary=False, log_every_n_steps=t.log_every_n_steps,
     )
-    if trainer.is_global_zero:
-        (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
-        trainer.logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
+    trainer.strategy.checkpoint_io = AtomicCheckpointIO()
     last = run_dir / "checkpoints" / "last.ckpt"
-    trainer.fit(module, dm, ckpt_path=str(last) if resume_dir is not None and last.exists() else None)
+    resume_from = last if resume_dir is not None and last.exists() else None
+    if trainer.is_global_zero:
+        write_text(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+        epoch = torch.load(last, map_location="cpu", mmap=True, weights_only=False)["epoch"] if resume_from else -1
+        keep_logged_rows(trainer.logger, epoch)
+        trainer.logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
+    trainer.fit(module, dm, ckpt_path=str(resume_from) if resume_from else None)
     history = list(module.history)
     best = ckpt.best_model_path or str(last)
     trainer.test(module, dm, ckpt_path=best, verbose=False)
@@ -195,6 +261,7 @@ def main(cfg: DictConfig) -> float | None:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
+    exit_if_invalid(cfg)
     try:
         result = run(cfg)
     except BaseException as e:

@@ -56,9 +56,9 @@ def test_objective_loss_with_end_token_averages_over_eos_too(tmp_path):
 
 
 def test_bad_monitor_mode_is_one_clear_error_before_any_work(tmp_path):
-    from genrec.data.readers.common import DataError
+    from genrec.config_check import ConfigError
 
-    with pytest.raises(DataError, match="trainer.monitor_mode='up' must be max or min"):
+    with pytest.raises(ConfigError, match="trainer.monitor_mode=up: one of max, min"):
         run(config(tmp_path, "trainer.monitor_mode=up", f"data_dir={tmp_path}/data"))
     assert not (tmp_path / "data").exists()
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import zlib
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -82,13 +83,24 @@ def recording_inputs() -> Iterator[list[Path]]:
         _inputs.remove(files)
 
 
-def open_text(path: Path) -> io.TextIOBase:
-    """Every raw file is read through here (plain or gzipped UTF-8 text)."""
+@contextmanager
+def open_text(path: Path) -> Iterator[io.TextIOBase]:
+    """Every raw file is read through here (plain or gzipped UTF-8 text): `with open_text(p) as f`.
+    A file that cannot be opened, decompressed or decoded is a one-line DataError naming it."""
     for files in _inputs:
         files.append(Path(path))
-    if path.suffix == ".gz":
-        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8")
-    return open(path, encoding="utf-8")
+    try:
+        with (io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8") if Path(path).suffix == ".gz"
+              else open(path, encoding="utf-8")) as f:
+            yield f
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path}: not UTF-8 text ({e.reason}: byte {e.object[e.start:e.start + 1]!r})") from None
+    except (gzip.BadGzipFile, EOFError, zlib.error) as e:  # not gzip, truncated, corrupt
+        raise DataError(f"{path}: bad gzip file ({e})") from None
+    except IsADirectoryError:
+        raise DataError(f"{path}: is a directory, not a file") from None
+    except OSError as e:
+        raise DataError(f"{path}: cannot read ({e.strerror or e})") from None
 
 
 def iter_records(

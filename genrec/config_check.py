@@ -1,0 +1,196 @@
+"""Check the composed config before any work starts: a bad value is one line,
+`error: <key>=<value>: <what is allowed>`, and exit code 2.
+
+`CHECKS` maps a dotted key to what it allows; a key is checked only where the config has it
+(groups differ: `objective.loss` exists for APAO only, `split` for `genrec.evaluate` only).
+Adding a key is one line. `CROSS` holds the checks that relate two keys. A `-m` sweep checks
+every job's config before the first one runs (`SweepCheck`, registered in `hydra.callbacks`).
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from typing import Any, Callable
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+Check = Callable[[Any], bool]
+
+
+class ConfigError(ValueError):
+    """`key=value: what is allowed`."""
+
+
+def integer(lo: int = 1) -> tuple[Check, str]:
+    return lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= lo, f"an integer >= {lo}"
+
+
+def number(gt: float | None = None, ge: float | None = None, lt: float | None = None,
+           le: float | None = None) -> tuple[Check, str]:
+    def ok(v):
+        return (isinstance(v, (int, float)) and not isinstance(v, bool) and v == v
+                and (gt is None or v > gt) and (ge is None or v >= ge)
+                and (lt is None or v < lt) and (le is None or v <= le))
+
+    bounds = [f"{op} {b}" for op, b in ((">", gt), (">=", ge), ("<", lt), ("<=", le)) if b is not None]
+    return ok, "a number " + " and ".join(bounds)
+
+
+def one_of(*choices: str) -> tuple[Check, str]:
+    return lambda v: v in choices, "one of " + ", ".join(choices)
+
+
+def or_null(check: tuple[Check, str]) -> tuple[Check, str]:
+    return lambda v: v is None or check[0](v), f"{check[1]}, or null"
+
+
+def share_or_count() -> tuple[Check, str]:  # Lightning's limit_*_batches
+    count, share = integer(0)[0], number(ge=0, le=1)[0]
+    return lambda v: count(v) or isinstance(v, float) and share(v), "a share in [0.0, 1.0] or a number of batches"
+
+
+POSITIVE, POSITIVE_NUMBER = integer(1), number(gt=0)
+CHECKS: dict[str, tuple[Check, str]] = {
+    "seed": integer(0),
+    "dataset.kcore": integer(1),
+    "dataset.split": one_of("loo", "sliding"),
+    "dataset.max_history": POSITIVE,
+    "tokenizer.levels": POSITIVE,
+    "tokenizer.codebook_size": integer(2),
+    "tokenizer.iters": POSITIVE,
+    "tokenizer.collision": one_of("extra_token", "merge"),
+    "backbone.d_model": POSITIVE,
+    "backbone.num_layers": POSITIVE,
+    "backbone.num_decoder_layers": POSITIVE,
+    "backbone.num_heads": POSITIVE,
+    "backbone.d_ff": POSITIVE,
+    "backbone.d_kv": POSITIVE,
+    "backbone.hidden_size": POSITIVE,
+    "backbone.num_kv_heads": POSITIVE,
+    "backbone.intermediate_size": POSITIVE,
+    "backbone.dropout": number(ge=0, lt=1),
+    "backbone.lean_users": or_null(POSITIVE),
+    "backbone.remat_users": or_null(POSITIVE),
+    "objective.loss": one_of("pointwise", "pairwise", "pairwise_printed"),  # pairwise_printed: formerly listwise
+    "objective.weights": one_of("paper", "released", "uniform", "hardmax"),
+    "objective.form": one_of("regularizer", "reweight"),
+    "objective.negatives.kind": one_of("uniform", "popularity", "hard"),
+    "objective.negatives.refresh_every": POSITIVE,
+    "objective.negatives.pool": POSITIVE,
+    "objective.num_negatives": POSITIVE,
+    "objective.temperature": POSITIVE_NUMBER,
+    "objective.prefix_temperature": POSITIVE_NUMBER,
+    "objective.beta": number(ge=0),
+    "objective.eta": number(ge=0),
+    "objective.beta_dpo": POSITIVE_NUMBER,
+    "objective.lam": number(ge=0),
+    "objective.xi": POSITIVE_NUMBER,
+    "objective.beam": or_null(POSITIVE),
+    "eval.beam": POSITIVE,
+    "eval.chunk": POSITIVE,
+    "eval.score": one_of("full", "masked"),
+    "eval.temperature": POSITIVE_NUMBER,
+    "trainer.max_epochs": POSITIVE,
+    "trainer.patience": integer(0),
+    "trainer.batch_size": POSITIVE,
+    "trainer.accumulate": POSITIVE,
+    "trainer.eval_batch_size": POSITIVE,
+    "trainer.gradient_clip": or_null(number(gt=0)),
+    "trainer.num_nodes": POSITIVE,
+    "trainer.num_workers": integer(0),
+    "trainer.check_val_every_n_epoch": POSITIVE,
+    "trainer.limit_train_batches": share_or_count(),
+    "trainer.limit_val_batches": share_or_count(),
+    "trainer.limit_test_batches": share_or_count(),
+    "trainer.log_every_n_steps": POSITIVE,
+    "trainer.monitor_mode": one_of("max", "min"),
+    "trainer.clip_on": one_of("mean", "sum"),
+    "optim.lr": POSITIVE_NUMBER,
+    "optim.weight_decay": number(ge=0),
+    "optim.warmup": number(ge=0, lt=1),
+    "optim.min_lr_ratio": number(ge=0, le=1),
+    "split": one_of("test", "valid"),  # genrec.evaluate
+    "batch_size": POSITIVE,  # genrec.evaluate
+}
+
+
+def _ks_within_beam(cfg: DictConfig) -> str | None:
+    ks, beam = _get(cfg, "eval.ks"), _get(cfg, "eval.beam")
+    if ks is _ABSENT or not POSITIVE[0](beam):
+        return None
+    if not (isinstance(ks, list) and ks and all(POSITIVE[0](k) and k <= beam for k in ks)):
+        return f"eval.ks={_show(ks)}: a non-empty list of integers from 1 to eval.beam ({beam})"
+    return None
+
+
+def _monitor_is_logged(cfg: DictConfig) -> str | None:
+    monitor, ks = _get(cfg, "trainer.monitor"), _get(cfg, "eval.ks")
+    m = re.fullmatch(r"val/(?:full/)?(?:recall|ndcg)@(\d+)", str(monitor))
+    if m and isinstance(ks, list) and int(m.group(1)) not in ks:
+        return f"trainer.monitor={monitor}: a logged validation metric, @k with k in eval.ks ({_show(ks)})"
+    return None
+
+
+CROSS: list[Callable[[DictConfig], str | None]] = [_ks_within_beam, _monitor_is_logged]
+
+_ABSENT = object()
+
+
+def _get(cfg: DictConfig, key: str) -> Any:
+    try:
+        value = OmegaConf.select(cfg, key, default=_ABSENT)
+    except Exception:  # an interpolation that only resolves inside the running job (${hydra:...})
+        return _ABSENT
+    return OmegaConf.to_container(value, resolve=True) if isinstance(value, (DictConfig, ListConfig)) else value
+
+
+def _show(v: Any) -> str:
+    return "null" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
+
+
+def errors(cfg: DictConfig) -> list[str]:
+    """Every bad value as `key=value: what is allowed`, table order."""
+    out = []
+    for key, (ok, allowed) in CHECKS.items():
+        value = _get(cfg, key)
+        if value is not _ABSENT and not ok(value):
+            out.append(f"{key}={_show(value)}: {allowed}")
+    return out + [e for e in (cross(cfg) for cross in CROSS) if e]
+
+
+def check(cfg: DictConfig) -> None:
+    bad = errors(cfg)
+    if bad:
+        raise ConfigError(bad[0])
+
+
+def exit_if_invalid(cfg: DictConfig) -> None:
+    """The entry points' first step: one line on stderr and exit code 2, no traceback."""
+    try:
+        check(cfg)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+class SweepCheck(Callback):
+    """Checks every job of a `-m` sweep before the first one runs (basic sweeper grids; other
+    sweepers choose values while they run, and each job checks its own config)."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+        from hydra.core.global_hydra import GlobalHydra
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+
+        loader = GlobalHydra.instance().config_loader()
+        params = [f"{k}={v}" for k, v in (config.hydra.sweeper.get("params") or {}).items()]
+        overrides = params + list(config.hydra.overrides.task)
+        try:
+            jobs = [job for batch in BasicSweeper.split_arguments(
+                OverridesParser.create(config_loader=loader).parse_overrides(overrides), None) for job in batch]
+        except Exception:  # not a grid (e.g. Optuna's interval()): check what is fixed already
+            jobs = []
+        for job in jobs or [None]:
+            exit_if_invalid(config if job is None else loader.load_sweep_config(config, job))

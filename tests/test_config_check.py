@@ -1,0 +1,104 @@
+"""A bad config value is one line, `error: <key>=<value>: <allowed>`, before any work starts."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from genrec.config_check import CHECKS, errors
+
+ROOT = Path(__file__).parents[1]
+CONF = ROOT / "conf"
+NEW_KEYS = {"eval.score", "eval.temperature", "trainer.monitor_mode"}  # checked once a config has them
+
+
+def cfg(*overrides: str, name: str = "config"):
+    with initialize_config_dir(str(CONF), version_base="1.3"):
+        return compose(name, overrides=list(overrides))
+
+
+BAD = [  # (overrides, the one line after "error: ")
+    (["trainer.batch_size=abc"], "trainer.batch_size=abc: an integer >= 1"),
+    (["trainer.batch_size=0"], "trainer.batch_size=0: an integer >= 1"),
+    (["trainer.eval_batch_size=-4"], "trainer.eval_batch_size=-4: an integer >= 1"),
+    (["trainer.accumulate=0"], "trainer.accumulate=0: an integer >= 1"),
+    (["trainer.max_epochs=0"], "trainer.max_epochs=0: an integer >= 1"),
+    (["trainer.limit_train_batches=1.5"],
+     "trainer.limit_train_batches=1.5: a share in [0.0, 1.0] or a number of batches"),
+    (["eval.beam=0"], "eval.beam=0: an integer >= 1"),
+    (["eval.beam=2.5"], "eval.beam=2.5: an integer >= 1"),
+    (["eval.ks=[5,50]"], "eval.ks=[5, 50]: a non-empty list of integers from 1 to eval.beam (20)"),
+    (["eval.ks=[0]"], "eval.ks=[0]: a non-empty list of integers from 1 to eval.beam (20)"),
+    (["trainer.monitor=val/ndcg@50"], "trainer.monitor=val/ndcg@50: a logged validation metric, @k with k in eval.ks "
+                                      "([5, 10, 20])"),
+    (["objective=apao", "objective.num_negatives=0"], "objective.num_negatives=0: an integer >= 1"),
+    (["backbone.d_model=0"], "backbone.d_model=0: an integer >= 1"),
+    (["backbone=llama", "backbone.num_heads=-1"], "backbone.num_heads=-1: an integer >= 1"),
+    (["objective=apao", "objective.loss=hinge"], "objective.loss=hinge: one of pointwise, pairwise, pairwise_printed"),
+    (["objective=apao", "objective.weights=equal"],
+     "objective.weights=equal: one of paper, released, uniform, hardmax"),
+    (["objective=bear", "objective.form=penalty"], "objective.form=penalty: one of regularizer, reweight"),
+    (["objective=sdpo", "objective.ref_ckpt=x", "objective.negatives.kind=random"],
+     "objective.negatives.kind=random: one of uniform, popularity, hard"),
+    (["objective.temperature=0"], "objective.temperature=0: a number > 0"),
+    (["objective=msl", "objective.temperature=-1.0"], "objective.temperature=-1.0: a number > 0"),
+    (["objective=apao", "objective.prefix_temperature=0.0"], "objective.prefix_temperature=0.0: a number > 0"),
+    (["dataset.kcore=0"], "dataset.kcore=0: an integer >= 1"),
+    (["dataset.split=random"], "dataset.split=random: one of loo, sliding"),
+    (["optim.lr=0"], "optim.lr=0: a number > 0"),
+    (["+eval.score=partial"], "eval.score=partial: one of full, masked"),
+    (["+eval.temperature=0"], "eval.temperature=0: a number > 0"),
+    (["+trainer.monitor_mode=up"], "trainer.monitor_mode=up: one of max, min"),
+]
+
+
+@pytest.mark.parametrize("overrides,line", BAD, ids=[" ".join(o) for o, _ in BAD])
+def test_bad_value_is_named_with_what_is_allowed(overrides, line):
+    assert errors(cfg(*overrides))[0] == line
+
+
+def test_new_keys_pass_when_good_and_are_optional():
+    assert errors(cfg("+eval.score=masked", "+eval.temperature=0.5", "+trainer.monitor_mode=min")) == []
+    assert not NEW_KEYS & {k for k in CHECKS if OmegaConf.select(cfg(), k) is not None}  # absent: no error
+
+
+GROUPS = {g: sorted(p.stem for p in (CONF / g).glob("*.yaml")) for g in ("backbone", "objective", "eval", "dataset",
+                                                                        "tokenizer", "embedder", "trainer")}
+
+
+def test_every_shipped_config_passes_and_every_checked_key_exists():
+    seen = set()
+    configs = [cfg(name="evaluate"), *(cfg(f"experiment={p.stem}") for p in (CONF / "experiment").glob("*.yaml"))]
+    configs += [cfg(f"{group}={choice}", "objective.ref_ckpt=x" if choice == "sdpo" else "seed=42")
+                for group, choices in GROUPS.items() for choice in choices]
+    for c in configs:
+        assert errors(c) == [], errors(c)
+        seen |= {k for k in CHECKS if OmegaConf.select(c, k, default="<absent>", throw_on_resolution_failure=False)
+                 != "<absent>"}
+    assert set(CHECKS) - seen == NEW_KEYS  # no stale key in the table
+
+
+def _cli(tmp_path: Path, module: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", module, *args, f"data_dir={tmp_path}/data"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("module,args,line", [
+    ("genrec.train", ["experiment=tiny", "trainer.batch_size=abc"], "error: trainer.batch_size=abc: an integer >= 1"),
+    ("genrec.train", ["experiment=tiny", "eval.beam=0"], "error: eval.beam=0: an integer >= 1"),
+    ("genrec.prepare", ["experiment=tiny", "dataset.kcore=0"], "error: dataset.kcore=0: an integer >= 1"),
+    ("genrec.evaluate", ["ckpt=nowhere", "eval.beam=0"], "error: eval.beam=0: an integer >= 1"),
+    # a sweep stops before its first job: job 0 is fine, job 1 is not
+    ("genrec.train", ["-m", "experiment=tiny", "eval.beam=5,2"],
+     "error: eval.ks=[1, 5]: a non-empty list of integers from 1 to eval.beam (2)"),
+])
+def test_cli_prints_one_line_and_does_no_work(tmp_path, module, args, line):
+    out = _cli(tmp_path, module, *args, f"hydra.run.dir={tmp_path}/run",
+               f"hydra.sweep.dir={tmp_path}/sweep")
+    assert out.returncode == 2
+    assert out.stderr == line + "\n"
+    assert not (tmp_path / "data").exists()  # no data-stage work
+    assert not (tmp_path / "sweep").exists() and not (tmp_path / "run" / "checkpoints").exists()

@@ -1,0 +1,77 @@
+"""kill -9 at named points (tests/killpoint.py), resume, and get exactly the uninterrupted run.
+
+Each test chains its kills: the run is killed, resumed and killed again at the next point, and
+so on, and the last resume must finish with the metrics (and CSV log) of a run never killed.
+Tiny runs: 3 epochs of 6 steps, a row logged every 2 steps.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).parents[1]
+TINY = ["experiment=tiny", "trainer.max_epochs=3", "trainer.limit_train_batches=6", "trainer.log_every_n_steps=2"]
+
+
+def train(run_dir: Path, data_dir: Path, *extra: str, kill: tuple[str, int] | None = None):
+    entry = [str(ROOT / "tests" / "killpoint.py"), kill[0], str(kill[1])] if kill else ["-m", "genrec.train"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+    return subprocess.run([sys.executable, *entry, *TINY, f"hydra.run.dir={run_dir}", f"data_dir={data_dir}", *extra],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+
+
+def stable(run_dir: Path) -> dict:
+    m = json.loads((run_dir / "metrics.json").read_text())
+    return {k: v for k, v in m.items() if k not in ("seconds", "checkpoint")}
+
+
+def kill_chain(tmp_path: Path, points: list[tuple[str, int]], *extra: str) -> tuple[Path, Path]:
+    """An uninterrupted run, and a run killed at each point in turn and then resumed to the end."""
+    full, killed = tmp_path / "full" / "run", tmp_path / "killed" / "run"  # no sibling to resume from
+    out = train(full, tmp_path / "data", *extra)
+    assert out.returncode == 0, out.stderr[-3000:]
+    for i, point in enumerate(points):
+        out = train(killed, tmp_path / "data", *extra, *(["resume=true"] if i else []), kill=point)
+        assert out.returncode == -9, f"{point}: not killed there (rc {out.returncode}) {out.stderr[-3000:]}"
+        assert not (killed / "metrics.json").exists()
+        if point[0] == "ckpt":  # died half-way through writing a checkpoint: that is a temporary file
+            half = list((killed / "checkpoints").glob(".*.ckpt.tmp"))
+            assert half, "the checkpoint write was not interrupted"
+            for ckpt in (killed / "checkpoints").glob("*.ckpt"):
+                torch.load(ckpt, map_location="cpu", weights_only=False)  # whole, loadable
+    out = train(killed, tmp_path / "data", *extra, "resume=true")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "Traceback" not in out.stderr
+    return full, killed
+
+
+def test_csv_logger_resumes_after_kills_anywhere(tmp_path):
+    points = [
+        ("train", 1),  # epoch 0, before the first row is logged (no checkpoint yet: starts over)
+        ("train", 7),  # epoch 1, first step: last.ckpt of epoch 0, no row of epoch 1 logged yet
+        ("train", 10),  # epoch 1, after two rows of epoch 1 were logged
+        ("val", 1),  # inside validation of epoch 1
+        ("ckpt", 2),  # half-way through writing its second checkpoint file (epoch 1 or 2)
+        ("test", 0),  # inside the final test
+    ]
+    full, killed = kill_chain(tmp_path, points)
+    assert stable(killed) == stable(full)
+    # The log reads as if the run was never killed: rows up to each checkpoint kept, none twice.
+    assert (killed / "logs" / "metrics.csv").read_text() == (full / "logs" / "metrics.csv").read_text()
+
+
+def test_resume_after_early_stopping_does_not_train_on(tmp_path):
+    # val/users never improves after epoch 0: with patience 1 the run stops after epoch 1 of 3.
+    full, killed = kill_chain(tmp_path, [("test", 0)], "trainer.monitor=val/users", "trainer.patience=1")
+    assert stable(full)["epochs"] == 2
+    assert stable(killed) == stable(full)
+
+
+def test_wandb_logger_resumes_after_kills(tmp_path):
+    full, killed = kill_chain(tmp_path, [("train", 10)], "logger=wandb")
+    assert stable(killed) == stable(full)
+    assert list(killed.glob("wandb/offline-run-*/run-*.wandb"))
