@@ -90,8 +90,8 @@ CHECKS: dict[str, tuple[Check, str]] = {
     "objective.beam": or_null(POSITIVE),
     "eval.beam": POSITIVE,
     "eval.chunk": POSITIVE,
-    "eval.score": one_of("full", "masked"),
-    "eval.temperature": POSITIVE_NUMBER,
+    "eval.score": or_null(one_of("full", "masked")),  # null: the run's own (genrec.evaluate)
+    "eval.temperature": or_null(POSITIVE_NUMBER),
     "trainer.max_epochs": POSITIVE,
     "trainer.patience": integer(0),
     "trainer.batch_size": POSITIVE,
@@ -101,6 +101,7 @@ CHECKS: dict[str, tuple[Check, str]] = {
     "trainer.num_nodes": POSITIVE,
     "trainer.num_workers": integer(0),
     "trainer.check_val_every_n_epoch": POSITIVE,
+    "trainer.val_users": or_null(POSITIVE),
     "trainer.limit_train_batches": share_or_count(),
     "trainer.limit_val_batches": share_or_count(),
     "trainer.limit_test_batches": share_or_count(),

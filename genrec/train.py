@@ -171,7 +171,7 @@ def run(cfg: DictConfig, objective_name: str | None = None) -> dict:
     t = cfg.trainer
     data = prepare(cfg, log=lambda m: print(m, file=sys.stderr))
     dm = SeqDataModule(data.seq, data.sids, cfg.dataset.max_history, t.batch_size, t.eval_batch_size, cfg.seed,
-                       t.num_workers, t.pin_memory)
+                       t.num_workers, t.pin_memory, t.val_users)
     module = GenRec(cfg, data.sids, dm.item_counts())  # LR schedule length: from the Trainer (world size)
 
     ckpt = Checkpoints(dirpath=run_dir / "checkpoints", filename="best", monitor=t.monitor, mode=t.monitor_mode,
@@ -202,7 +202,8 @@ def run(cfg: DictConfig, objective_name: str | None = None) -> dict:
     best_epoch = best_of(history, t.monitor, t.monitor_mode)
     result = {
         **{f"test/{k}": v for k, v in module.last_metrics["test"].items()},
-        **({f"val/{k}": v for k, v in next(h for h in history if h["epoch"] == best_epoch).items() if k != "epoch"}
+        **({f"val/{k}": v for k, v in next(h for h in history if h["epoch"] == best_epoch).items()
+            if k not in ("epoch", "seconds")}
            if best_epoch is not None else {}),
         "best_epoch": best_epoch, "epochs": trainer.current_epoch, "seconds": round(time.time() - start, 1),
         "dataset": cfg.dataset.name, "backbone": _choice(cfg, "backbone"), "objective": objective_name or _choice(cfg, "objective"),

@@ -135,3 +135,22 @@ def test_schedule_length_follows_lightnings_world_size(tmp_path, devices, world)
     assert trainer.world_size == world
     per_rank_batches = -(-(len(dm.splits["train"]) // world) // 64)  # ceil(share / batch size)
     assert module.total_steps == 3 * -(-per_rank_batches // 2)
+
+
+def test_val_users_validates_a_fixed_sample_and_tests_everyone(tmp_path):
+    """`trainer.val_users`: every validation epoch scores the same seeded k users (cheaper model
+    selection); the final test still scores every user."""
+    from genrec.data.datamodule import SeqDataModule
+    from genrec.prepare import prepare
+
+    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=["experiment=tiny", f"run_dir={tmp_path}/run", f"data_dir={tmp_path}/data",
+                                           "trainer.val_users=50"])
+    data = prepare(cfg)
+    full = SeqDataModule(data.seq, data.sids, cfg.dataset.max_history, 64, 128, cfg.seed)
+    dm = SeqDataModule(data.seq, data.sids, cfg.dataset.max_history, 64, 128, cfg.seed, val_users=50)
+    picked = {tuple(p) for p in dm.splits["valid"].pairs}
+    assert len(picked) == 50 and picked <= {tuple(p) for p in full.splits["valid"].pairs}
+    assert len(dm.splits["test"]) == len(full.splits["test"]) == 300
+    r = run(cfg)
+    assert [h["users"] for h in r["history"]] == [50.0, 50.0] and r["test/users"] == 300

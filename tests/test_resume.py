@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import torch
+from run_helpers import reproducible
 
 ROOT = Path(__file__).parents[1]
 TINY = ["experiment=tiny", "trainer.max_epochs=3", "trainer.limit_train_batches=6", "trainer.log_every_n_steps=2"]
@@ -25,8 +26,7 @@ def train(run_dir: Path, data_dir: Path, *extra: str, kill: tuple[str, int] | No
 
 
 def stable(run_dir: Path) -> dict:
-    m = json.loads((run_dir / "metrics.json").read_text())
-    return {k: v for k, v in m.items() if k not in ("seconds", "checkpoint")}
+    return reproducible(json.loads((run_dir / "metrics.json").read_text()))
 
 
 def kill_chain(tmp_path: Path, points: list[tuple[str, int]], *extra: str) -> tuple[Path, Path]:

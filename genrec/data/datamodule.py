@@ -103,12 +103,19 @@ class LengthBatches(Sampler):
 
 class SeqDataModule(L.LightningDataModule):
     def __init__(self, seq: SeqData, sids: SemanticIds, max_history: int, batch_size: int,
-                 eval_batch_size: int, seed: int, num_workers: int = 0, pin_memory: bool = False) -> None:
+                 eval_batch_size: int, seed: int, num_workers: int = 0, pin_memory: bool = False,
+                 val_users: int | None = None) -> None:
+        """`val_users`: validate on this many users, one seeded sample kept for every epoch (cheaper
+        model selection); None: all of them. Test always covers every user."""
         super().__init__()
         self.seq, self.sids, self.seed = seq, sids, seed
         self.max_history, self.batch_size, self.eval_batch_size = max_history, batch_size, eval_batch_size
         self.num_workers, self.pin_memory = num_workers, pin_memory and torch.cuda.is_available()
         self.splits = {s: Examples(seq, sids, s, max_history) for s in ("train", "valid", "test")}
+        valid = self.splits["valid"]
+        if val_users is not None and val_users < len(valid):
+            keep = np.sort(np.random.default_rng([seed, len(valid)]).choice(len(valid), val_users, replace=False))
+            valid.pairs, valid.lengths = valid.pairs[keep], valid.lengths[keep]
 
     def _loader(self, split: str, shuffle: bool) -> DataLoader:
         ds = self.splits[split]
