@@ -153,7 +153,8 @@ def test_hash32_mixes_python_int_keys_on_the_host_to_the_same_values():
 
 def test_tiger_memory_saving_blocks_run_under_bf16_autocast(monkeypatch):
     """Under bf16-mixed the hand-written blocks stay on (in float32, autocast off inside): logits
-    and gradients as float32 training gives, to bf16's resolution elsewhere in the network."""
+    and gradients as float32 training gives, to bf16's resolution elsewhere in the network. (GPU
+    default; on CPU they are used under autocast only when asked: `lean_under_autocast`.)"""
     from genrec.models import tiger_backward
 
     calls = []
@@ -166,7 +167,7 @@ def test_tiger_memory_saving_blocks_run_under_bf16_autocast(monkeypatch):
     def fit_step(bf16: bool, lean: int | None):
         torch.manual_seed(0)
         model = instantiate(OmegaConf.load(CONF / "backbone" / "tiger_tiny.yaml"), vocab_size=sids.vocab_size,
-                            max_positions=64, dropout=0.0, lean_users=lean).train()
+                            max_positions=64, dropout=0.0, lean_users=lean, lean_under_autocast=True).train()
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             out = model.prefix_logprobs(model.encode(b["history"], b["mask"]), prefix, torch.cat(
                 [prefix, prefix[..., :1]], -1))
@@ -182,6 +183,21 @@ def test_tiger_memory_saving_blocks_run_under_bf16_autocast(monkeypatch):
     assert (grad - ref_grad).norm() < 0.03 * ref_grad.norm()
     autocast_out, autocast_grad = fit_step(True, None)  # autograd keeping every activation, same autocast
     assert (out - ref_out).abs().max() <= 2 * (autocast_out - ref_out).abs().max() + 1e-3
+
+
+def test_tiger_uses_autograd_under_cpu_autocast_by_default(monkeypatch):
+    """CPU bf16: bf16 autograd beats the float32 hand-written blocks on speed, so by default they are off."""
+    from genrec.models import tiger_backward
+
+    calls = []
+    monkeypatch.setattr(tiger_backward.EncoderBlock, "apply", lambda *a: calls.append(a))
+    sids = random_sids(60, [6, 5, 4])
+    b = random_batch(sids, 6, hist_items=4)
+    model = instantiate(OmegaConf.load(CONF / "backbone" / "tiger_tiny.yaml"), vocab_size=sids.vocab_size,
+                        max_positions=64).train()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        model.encode(b["history"], b["mask"]).states.sum().backward()
+    assert not calls
 
 
 @pytest.mark.parametrize("group", ["gpu", "ddp"])
