@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# The runs behind docs/results/office.md (APAO's Office rows, BEAR's pruning effect), one office_cpu
+# run per row (~1 h each on 2 CPU cores), resumable, and skipped once its summary is committed:
+#   scripts/results_office.sh --list            # rows and whether each is done
+#   scripts/results_office.sh                   # every missing row, in order
+#   scripts/results_office.sh tiger-ce-s43      # just these rows
+# A finished row is re-evaluated with exact full ranking (PR@k); its metrics.json, config.yaml and
+# eval/*.json are copied to docs/results/runs/<row>/ (commit them; never checkpoints), then the
+# page's tables and plots are rebuilt from docs/results/runs.
+# DATA: the release's Office files (default ../shared/data/apao-office).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DATA=${DATA:-$(cd .. && pwd)/shared/data/apao-office}
+PY=${PY:-.venv/bin/python}
+APAO_PT="objective=apao_pointwise objective.beta=0.3 objective.eta=1e-4"   # Table 5, Office
+declare -A ROWS=(
+  [tiger-ce-s42]="objective=ce seed=42"
+  [tiger-ce-s43]="objective=ce seed=43"
+  [tiger-ce-s44]="objective=ce seed=44"
+  [tiger-apao_pointwise-s42]="$APAO_PT seed=42"
+  [tiger-apao_pointwise-s43]="$APAO_PT seed=43"
+  [tiger-apao_pointwise-s44]="$APAO_PT seed=44"
+  [tiger-msl-s42]="objective=msl seed=42"
+  [tiger-bear-s42]="objective=bear seed=42"
+  [tiger-sdpo-s42]="objective=sdpo objective.ref_ckpt=outputs/results_office/tiger-ce-s42 seed=42"
+  [llama-ce-s42]="backbone=llama objective=ce seed=42"
+  [llama-ce-s43]="backbone=llama objective=ce seed=43"
+  [llama-apao_pointwise-s42]="backbone=llama $APAO_PT seed=42"
+  [llama-apao_pointwise-s43]="backbone=llama $APAO_PT seed=43"
+)
+ORDER=(tiger-ce-s42 tiger-apao_pointwise-s42 tiger-msl-s42 tiger-bear-s42 tiger-sdpo-s42 tiger-ce-s43
+       tiger-apao_pointwise-s43 tiger-ce-s44 tiger-apao_pointwise-s44 llama-ce-s42 llama-apao_pointwise-s42
+       llama-ce-s43 llama-apao_pointwise-s43)
+
+done_row() { [[ -f docs/results/runs/$1/metrics.json ]]; }
+
+if [[ "${1:-}" == "--list" ]]; then
+  for row in "${ORDER[@]}"; do printf '%-28s %-5s %s\n' "$row" "$(done_row "$row" && echo done || echo -)" "${ROWS[$row]}"; done
+  exit 0
+fi
+rows=("$@"); [[ ${#rows[@]} -gt 0 ]] || rows=("${ORDER[@]}")
+for row in "${rows[@]}"; do
+  [[ -n "${ROWS[$row]:-}" ]] || { echo "error: unknown row $row (scripts/results_office.sh --list)" >&2; exit 2; }
+  if done_row "$row"; then echo "skip $row (docs/results/runs/$row/metrics.json)"; continue; fi
+  run=outputs/results_office/$row
+  # shellcheck disable=SC2086
+  $PY -m genrec.train experiment=office_cpu dataset.root="$DATA" ${ROWS[$row]} \
+      trainer.progress_bar=false resume=true hydra.run.dir="$run"
+  # exact full ranking of the selected checkpoint on test (PR@k): eval/test-beam20.json
+  $PY -m genrec.evaluate ckpt="$run" eval.full_rank=true
+  mkdir -p docs/results/runs/"$row"/eval
+  cp "$run"/metrics.json "$run"/config.yaml docs/results/runs/"$row"/
+  cp "$run"/eval/*.json docs/results/runs/"$row"/eval/
+done
+$PY -m genrec.report 'runs=[docs/results/runs]' out=docs/results/office
