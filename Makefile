@@ -27,5 +27,6 @@ test: install
 run: install
 	$(BIN)/python -m genrec.train experiment=quickstart
 
+# clean: the venv, run outputs and the data-stage cache (data/<stage>/<hash>); keeps downloads (data/raw)
 clean:
-	rm -rf $(VENV) outputs data/cache
+	rm -rf $(VENV) outputs multirun $(filter-out data/README.md data/raw,$(wildcard data/*))

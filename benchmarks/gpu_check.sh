@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU check, under 10 minutes on one GPU; the last line printed is one JSON object:
-#   1. TIGER-CE on APAO Office (released SIDs), 5 epochs, trainer=gpu (bf16-mixed): s/epoch
+#   1. TIGER-CE on apao_office (the release's files and SIDs, collisions merged), 5 epochs, trainer=gpu (bf16-mixed): s/epoch
 #      (training only, the median of epochs 2-5; the paper: 15 s on an A100) and beam-20
 #      evaluation users/s (validation, median);
 #   2. Llama-CE, 2 epochs: s/epoch;
@@ -56,8 +56,7 @@ if smoke:
     base = ["experiment=tiny", "trainer.accelerator=cpu", "trainer.precision=bf16-mixed", "trainer.limit_train_batches=3"]
 else:
     torch.set_float32_matmul_precision("high")  # as `python -m genrec.train`
-    base = ["dataset=lcrec", f"dataset.root={os.environ['ROOT']}", "dataset.name=Office", "tokenizer=precomputed",
-            "trainer.progress_bar=false"]
+    base = ["dataset=apao_office", f"dataset.root={os.environ['ROOT']}", "trainer.progress_bar=false"]
 base.append(f"data_dir={out}/data")
 
 marks: list[tuple[str, float]] = []  # (hook, time) of training / validation epoch boundaries

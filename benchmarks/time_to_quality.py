@@ -8,8 +8,9 @@ every user), as a user runs it, and the wall time at which it first reaches the 
 
 The run is `python -m genrec.train experiment=<preset> ...` in a subprocess; its wall time is the
 benchmark's (the process start, imports and the data stage included). Each validation point of
-the run's history carries `seconds` (the run's cumulative wall time at that point, resumes
-included), so the curve is [[minutes, val recall@10], ...]. `--curve` reads finished or
+the run's history carries `seconds` (the run's wall time at that point from `genrec.train`'s start,
+data stage included, summed over the processes of a resumed run), so the curve is
+[[minutes, val recall@10], ...]. `--curve` reads finished or
 in-progress runs (metrics.json, else checkpoints/last.ckpt) instead of training, e.g. the paper
 recipe running in the background. The target (issue: paper protocol, part 2): test R@10 >= 0.058
 and N@10 >= 0.030 within 60 minutes on 2 cores; `minutes_to_target` is the first validation point

@@ -52,6 +52,7 @@ def share_or_count() -> tuple[Check, str]:  # Lightning's limit_*_batches
 
 
 POSITIVE, POSITIVE_NUMBER = integer(1), number(gt=0)
+BOOL: tuple[Check, str] = (lambda v: isinstance(v, bool), "true or false")
 CHECKS: dict[str, tuple[Check, str]] = {
     "seed": integer(0),
     "dataset.kcore": integer(1),
@@ -72,6 +73,7 @@ CHECKS: dict[str, tuple[Check, str]] = {
     "backbone.intermediate_size": POSITIVE,
     "backbone.dropout": number(ge=0, lt=1),
     "backbone.lean_users": or_null(POSITIVE),
+    "backbone.lean_under_autocast": or_null(BOOL),
     "backbone.remat_users": or_null(POSITIVE),
     "objective.loss": one_of("pointwise", "pairwise", "pairwise_printed"),  # pairwise_printed: formerly listwise
     "objective.weights": one_of("paper", "released", "uniform", "hardmax"),
@@ -126,11 +128,27 @@ def _ks_within_beam(cfg: DictConfig) -> str | None:
     return None
 
 
+MONITOR = re.compile(r"val/(?:(?P<loss>loss|objective_loss)|(?P<full>full/)?(?:recall|ndcg)@(?P<k>\d+)"
+                     r"|prefix_recall@\d+|pruning_rate@(?P<pk>\d+))")
+
+
 def _monitor_is_logged(cfg: DictConfig) -> str | None:
-    monitor, ks = _get(cfg, "trainer.monitor"), _get(cfg, "eval.ks")
-    m = re.fullmatch(r"val/(?:full/)?(?:recall|ndcg)@(\d+)", str(monitor))
-    if m and isinstance(ks, list) and int(m.group(1)) not in ks:
+    """`trainer.monitor` names a value validation logs, in the direction `trainer.monitor_mode` optimises."""
+    monitor, ks, mode = _get(cfg, "trainer.monitor"), _get(cfg, "eval.ks"), _get(cfg, "trainer.monitor_mode")
+    if monitor is _ABSENT:
+        return None
+    m = MONITOR.fullmatch(str(monitor))
+    if not m:
+        return (f"trainer.monitor={monitor}: val/loss, val/objective_loss, val/recall@k, val/ndcg@k, "
+                f"val/prefix_recall@m, or with eval.full_rank=true val/full/recall@k, val/full/ndcg@k, val/pruning_rate@k")
+    k = m["k"] or m["pk"]
+    if k and isinstance(ks, list) and int(k) not in ks:
         return f"trainer.monitor={monitor}: a logged validation metric, @k with k in eval.ks ({_show(ks)})"
+    if (m["full"] or m["pk"]) and _get(cfg, "eval.full_rank") is not True:
+        return f"trainer.monitor={monitor}: logged only with eval.full_rank=true"
+    want = "min" if m["loss"] or m["pk"] else "max"
+    if mode in ("max", "min") and mode != want:
+        return f"trainer.monitor_mode={mode}: {monitor} is {'minimised' if want == 'min' else 'maximised'} (use {want})"
     return None
 
 

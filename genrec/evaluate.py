@@ -7,7 +7,8 @@
 Rebuilds the run's model from its saved `config.yaml` (data artefacts come from the
 cache), loads the checkpoint, evaluates, and writes `<run dir>/eval/<split>-beam<K>.json`;
 the last line printed is the same JSON object. Scoring (`eval.score`, `eval.temperature`) is the
-run's own unless overridden (the file name then says which).
+run's own unless overridden (the file name then says which). `split=valid` scores every validation
+user, also for a run that selected on a `trainer.val_users` sample.
 """
 
 from __future__ import annotations
@@ -85,4 +86,5 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    torch.set_float32_matmul_precision("high")  # as genrec.train: the same float32 matmuls as the run
     main()

@@ -1,8 +1,9 @@
 """The LightningModule: backbone + objective for training, evaluator for validation/test.
 
 Validation and test run the evaluator (constrained beam search, optionally full ranking)
-on every held-out user exactly once: each DDP rank evaluates its shard, the per-example
-rows are gathered, de-duplicated by example index and only then summarised.
+on every held-out example exactly once (validation: the `trainer.val_users` sample if set): each
+DDP rank evaluates its shard, the per-example rows are gathered, de-duplicated by example index
+and only then summarised.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ class GenRec(L.LightningModule):
         self._finite: torch.Tensor | None = None  # per loss term: finite at every step since the last check
         self.history: list[dict] = []  # validation metrics per epoch (checkpointed)
         self.last_metrics: dict[str, dict] = {}
-        self._clock = (time.time(), 0.0)  # (this process's start, seconds spent before it: a resumed run's)
+        self.clock = (time.time(), 0.0)  # (this process's start, seconds its earlier processes ran: a resume's)
 
     @property
     def trie(self) -> Trie:
@@ -122,8 +123,9 @@ class GenRec(L.LightningModule):
         self.last_metrics[prefix] = metrics
 
     def elapsed(self) -> float:
-        """Wall seconds of training and validation so far, over every process of a resumed run."""
-        return self._clock[1] + time.time() - self._clock[0]
+        """Wall seconds of the run so far, summed over the processes of a resumed run (each from its
+        start, data stage included; what a kill threw away after the last checkpoint is not counted)."""
+        return self.clock[1] + time.time() - self.clock[0]
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["val_history"] = self.history
@@ -131,7 +133,7 @@ class GenRec(L.LightningModule):
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self.history = checkpoint.get("val_history", [])
-        self._clock = (time.time(), checkpoint.get("elapsed", 0.0))
+        self.clock = (self.clock[0], checkpoint.get("elapsed", 0.0))
 
     def on_validation_epoch_end(self) -> None:
         self._eval_epoch_end("val")

@@ -58,16 +58,40 @@ class JobWandbLogger(WandbLogger):
         super().log_hyperparams(flat(dict(params)))
 
 
+def run_id(save_dir: str) -> str:
+    """This run dir's W&B id, kept in `<run dir>/wandb/run_id` (created once, atomically), so that a job
+    resumed after a kill continues its W&B run instead of starting another."""
+    import secrets
+
+    path = Path(save_dir) / "wandb" / "run_id"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"run_id.tmp{os.getpid()}")
+        tmp.write_text(secrets.token_hex(4))
+        try:
+            os.link(tmp, path)  # the first process (DDP rank) to get here decides
+        except FileExistsError:
+            pass
+        tmp.unlink()
+    return path.read_text().strip()
+
+
+def forget_wandb_run(save_dir: str | Path) -> None:
+    """Drop the run dir's W&B id: the next logger starts a new W&B run (a fresh run in a reused dir)."""
+    (Path(save_dir) / "wandb" / "run_id").unlink(missing_ok=True)
+
+
 def wandb(project: str, group: str | None = None, job_type: str | None = None, tags: list[str] | None = None,
           experiment: str | None = None, save_dir: str = ".", offline: bool | None = None, log_model: bool = False,
           name: str | None = None) -> WandbLogger:
     """One W&B run for this job. `group=None`: the sweep (`sweep_group`); `tags` plus the experiment
-    preset's name; `name=None`: the run dir's name. Offline runs land in `<run dir>/wandb/offline-run-*`:
-    upload them later with `wandb sync <run dir>/wandb/offline-run-*`."""
+    preset's name; `name=None`: the run dir's name. A resumed job continues its run (`run_id`). Offline
+    runs land in `<run dir>/wandb/offline-run-*` (one per process of a resumed job, same id): upload them
+    later with `wandb sync <run dir>/wandb/offline-run-*`."""
     tags = list(tags or []) + ([experiment] if experiment and experiment not in (tags or []) else [])
     return JobWandbLogger(project=project, group=group or sweep_group(), job_type=job_type, tags=tags,
                           save_dir=save_dir, offline=_offline(offline), log_model=log_model,
-                          name=name or Path(save_dir).name)
+                          name=name or Path(save_dir).name, id=run_id(save_dir), resume="allow")
 
 
 def log_final(logger: Logger | None, result: dict) -> None:

@@ -97,6 +97,11 @@ class Run:
     def monitor(self) -> str:
         return self.cfg.get("trainer", {}).get("monitor", "val/ndcg@10")
 
+    @property
+    def sign(self) -> int:
+        """+1 where a higher monitored value is better (`trainer.monitor_mode: max`), -1 for `min` (a loss)."""
+        return -1 if self.cfg.get("trainer", {}).get("monitor_mode", "max") == "min" else 1
+
     def evals(self, split: str) -> list[dict]:
         """Re-evaluations written by genrec.evaluate: eval/<split>-beam<K>[-full].json."""
         return [j for f in sorted((self.path / "eval").glob(f"{split}-beam*.json")) if (j := _read_json(f))]
@@ -178,8 +183,9 @@ class Variant:
         return statistics.fmean(v) if v else math.nan
 
     def score(self, select: str | None) -> float:
-        v = [r.metrics.get(select or r.monitor) for r in self.runs]
-        v = [x for x in v if isinstance(x, (int, float))]
+        """Mean validation score, higher is better (a `monitor_mode: min` run's value is negated)."""
+        v = [r.sign * r.metrics[select or r.monitor] for r in self.runs
+             if isinstance(r.metrics.get(select or r.monitor), (int, float))]
         return statistics.fmean(v) if v else -math.inf
 
 

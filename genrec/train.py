@@ -24,13 +24,14 @@ from hydra.utils import instantiate
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.plugins import TorchCheckpointIO
+from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from genrec.config_check import check, exit_if_invalid
+from genrec.config_check import ConfigError, check, exit_if_invalid
 from genrec.data.datamodule import SeqDataModule
 from genrec.data.readers.common import DataError
 from genrec.lit import GenRec, NonFiniteLoss
-from genrec.loggers import close_wandb, log_final
+from genrec.loggers import close_wandb, forget_wandb_run, log_final
 from genrec.malloc import keep_freed_memory
 from genrec.prepare import prepare
 
@@ -173,6 +174,9 @@ def run(cfg: DictConfig, objective_name: str | None = None) -> dict:
     dm = SeqDataModule(data.seq, data.sids, cfg.dataset.max_history, t.batch_size, t.eval_batch_size, cfg.seed,
                        t.num_workers, t.pin_memory, t.val_users)
     module = GenRec(cfg, data.sids, dm.item_counts())  # LR schedule length: from the Trainer (world size)
+    module.clock = (start, 0.0)  # validation points' wall seconds count from this process's start
+    if resume_dir is None and rank_zero_only.rank == 0:
+        forget_wandb_run(run_dir)  # a fresh run in a reused dir is a new W&B run
 
     ckpt = Checkpoints(dirpath=run_dir / "checkpoints", filename="best", monitor=t.monitor, mode=t.monitor_mode,
                        auto_insert_metric_name=False, enable_version_counter=False)
@@ -262,7 +266,8 @@ def main(cfg: DictConfig) -> float | None:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    exit_if_invalid(cfg)
+    if HydraConfig.get().mode != RunMode.MULTIRUN:  # a sweep's jobs: checked up front (grids) or by run()
+        exit_if_invalid(cfg)
     try:
         result = run(cfg)
     except BaseException as e:

@@ -43,10 +43,14 @@ for row in "${rows[@]}"; do
   [[ -n "${ROWS[$row]:-}" ]] || { echo "error: unknown row $row (scripts/results_office.sh --list)" >&2; exit 2; }
   if done_row "$row"; then echo "skip $row (docs/results/runs/$row/metrics.json)"; continue; fi
   run=outputs/results_office/$row
+  ref=$(grep -o 'ref_ckpt=[^ ]*' <<< "${ROWS[$row]}" | cut -d= -f2 || true)
+  if [[ -n "$ref" && ! -f "$ref/checkpoints/best.ckpt" ]]; then
+    echo "error: $row needs the CE checkpoint $ref/checkpoints/best.ckpt (run its CE row here first)" >&2; exit 2
+  fi
   # shellcheck disable=SC2086
   $PY -m genrec.train experiment=office_cpu dataset.root="$DATA" ${ROWS[$row]} \
       trainer.progress_bar=false resume=true hydra.run.dir="$run"
-  # exact full ranking of the selected checkpoint on test (PR@k): eval/test-beam20.json
+  # exact full ranking of the selected checkpoint on test (PR@k): eval/test-beam20-full.json
   $PY -m genrec.evaluate ckpt="$run" eval.full_rank=true
   mkdir -p docs/results/runs/"$row"/eval
   cp "$run"/metrics.json "$run"/config.yaml docs/results/runs/"$row"/

@@ -51,6 +51,14 @@ BAD = [  # (overrides, the one line after "error: ")
     (["eval.score=partial"], "eval.score=partial: one of full, masked, or null"),
     (["eval.temperature=0"], "eval.temperature=0: a number > 0, or null"),
     (["trainer.monitor_mode=up"], "trainer.monitor_mode=up: one of max, min"),
+    (["trainer.monitor=val/ndgc@10"], "trainer.monitor=val/ndgc@10: val/loss, val/objective_loss, val/recall@k, "
+     "val/ndcg@k, val/prefix_recall@m, or with eval.full_rank=true val/full/recall@k, val/full/ndcg@k, "
+     "val/pruning_rate@k"),
+    (["trainer.monitor=val/objective_loss"],
+     "trainer.monitor_mode=max: val/objective_loss is minimised (use min)"),
+    (["trainer.monitor=val/full/recall@10"],
+     "trainer.monitor=val/full/recall@10: logged only with eval.full_rank=true"),
+    (["backbone.lean_under_autocast=1"], "backbone.lean_under_autocast=1: true or false, or null"),
     (["trainer.clip_on=both"], "trainer.clip_on=both: one of mean, sum"),
     (["trainer.val_users=0"], "trainer.val_users=0: an integer >= 1, or null"),
 ]

@@ -74,4 +74,6 @@ def test_resume_after_early_stopping_does_not_train_on(tmp_path):
 def test_wandb_logger_resumes_after_kills(tmp_path):
     full, killed = kill_chain(tmp_path, [("train", 10)], "logger=wandb")
     assert stable(killed) == stable(full)
-    assert list(killed.glob("wandb/offline-run-*/run-*.wandb"))
+    runs = sorted(killed.glob("wandb/offline-run-*/run-*.wandb"))
+    assert len(runs) == 2  # the killed process's and the resumed one's ...
+    assert len({p.name for p in runs}) == 1  # ... logging into one W&B run (same id: run-<id>.wandb)

@@ -105,8 +105,8 @@ class SeqDataModule(L.LightningDataModule):
     def __init__(self, seq: SeqData, sids: SemanticIds, max_history: int, batch_size: int,
                  eval_batch_size: int, seed: int, num_workers: int = 0, pin_memory: bool = False,
                  val_users: int | None = None) -> None:
-        """`val_users`: validate on this many users, one seeded sample kept for every epoch (cheaper
-        model selection); None: all of them. Test always covers every user."""
+        """`val_users`: validate on this many examples (users, under leave-one-out), one seeded sample
+        kept for every epoch (cheaper model selection); None: all of them. Test always covers all."""
         super().__init__()
         self.seq, self.sids, self.seed = seq, sids, seed
         self.max_history, self.batch_size, self.eval_batch_size = max_history, batch_size, eval_batch_size
