@@ -129,7 +129,7 @@ def _ks_within_beam(cfg: DictConfig) -> str | None:
 
 
 MONITOR = re.compile(r"val/(?:(?P<loss>loss|objective_loss)|(?P<full>full/)?(?:recall|ndcg)@(?P<k>\d+)"
-                     r"|prefix_recall@\d+|pruning_rate@(?P<pk>\d+))")
+                     r"|prefix_recall@\d+|pruning_rate@(?P<pk>\d+)|(?P<users>users))")
 
 
 def _monitor_is_logged(cfg: DictConfig) -> str | None:
@@ -147,7 +147,7 @@ def _monitor_is_logged(cfg: DictConfig) -> str | None:
     if (m["full"] or m["pk"]) and _get(cfg, "eval.full_rank") is not True:
         return f"trainer.monitor={monitor}: logged only with eval.full_rank=true"
     want = "min" if m["loss"] or m["pk"] else "max"
-    if mode in ("max", "min") and mode != want:
+    if mode in ("max", "min") and mode != want and not m["users"]:
         return f"trainer.monitor_mode={mode}: {monitor} is {'minimised' if want == 'min' else 'maximised'} (use {want})"
     return None
 

@@ -266,7 +266,8 @@ def main(cfg: DictConfig) -> float | None:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    if HydraConfig.get().mode != RunMode.MULTIRUN:  # a sweep's jobs: checked up front (grids) or by run()
+    sweep = HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+    if not sweep:  # a sweep's jobs: checked up front (grids) or by run(), failing only that job
         exit_if_invalid(cfg)
     try:
         result = run(cfg)
@@ -276,7 +277,7 @@ def main(cfg: DictConfig) -> float | None:
         Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
         write_json(Path(cfg.run_dir) / "failed.json", {"error": f"{type(e).__name__}: {e}"})
         close_wandb(exit_code=1)  # else the next sweep job in this process would log into this run
-        if isinstance(e, (DataError, NonFiniteLoss)) and HydraConfig.get().mode != RunMode.MULTIRUN:
+        if isinstance(e, (DataError, NonFiniteLoss)) and not sweep:
             print(f"error: {e}", file=sys.stderr)
             sys.exit(2)
         raise

@@ -33,7 +33,7 @@ CASES = {
 def test_objective_trains(name):
     cfg = OmegaConf.load(CONF / f"{name.split('_')[0]}.yaml")
     cfg.pop("defaults")  # the evaluator's scoring default (Hydra composes it into eval)
-    cfg = OmegaConf.merge(cfg, CASES[name])
+    cfg = OmegaConf.merge(cfg, {"beam": 3} if "beam" in cfg else {}, CASES[name])  # beam: ${eval.beam} in a run
     torch.manual_seed(0)
     sids, trie, batch = case(num_items=30, batch=16)
     bb = ToyBackbone(sids.vocab_size, seed=2)

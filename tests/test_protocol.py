@@ -9,6 +9,7 @@ import lightning as L
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
 
 from genrec.data.datamodule import SeqDataModule
 from genrec.lit import GenRec
@@ -187,8 +188,6 @@ def test_apao_office_is_the_release_data_and_either_colliding_item_is_a_hit(tmp_
 
 
 def test_download_fetches_the_release_files_and_names_what_it_cannot(tmp_path):
-    from omegaconf import OmegaConf
-
     from genrec.data.readers.common import DataError
     from genrec.download import fetch_dataset
 
@@ -349,3 +348,15 @@ def test_bear_lam_has_the_papers_strength(end_token):
     paper.backward()
     n = T + int(end_token)
     torch.testing.assert_close(bb.logits.grad * n, z.grad, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("objective", ["bear", "sdpo"])
+def test_objective_beam_is_the_eval_beam_in_the_saved_config(objective):
+    """B (BEAR's top-B, S-DPO+BEAR) is the evaluation beam by interpolation, so the run's resolved
+    config.yaml records it and re-evaluating at another width cannot change it."""
+    with initialize_config_dir(CONF, version_base="1.3"):
+        extra = ["objective.ref_ckpt=x"] if objective == "sdpo" else []
+        cfg = compose("config", [f"objective={objective}", "eval=bear", *extra])
+        wide = compose("config", [f"objective={objective}", "eval.beam=50", *extra])
+    assert OmegaConf.to_container(cfg.objective, resolve=True)["beam"] == 10
+    assert OmegaConf.to_container(wide.objective, resolve=True)["beam"] == 50

@@ -308,3 +308,18 @@ def test_real_runs_then_report_cli(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "genrec.report", f"runs=[{tmp_path / 'nothing'}]",
                           f"out={tmp_path / 'empty'}"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "no run dirs" in bad.stderr
+
+
+def test_sweep_monitored_on_a_loss_selects_the_lowest(tmp_path):
+    """Runs selecting on a validation loss (`trainer.monitor_mode: min`, e.g. experiment=apao_release):
+    the report keeps the configuration with the LOWEST mean validation loss."""
+    loss = {0.1: 3.0, 0.2: 2.5, 0.3: 2.8}
+    for beta, v in loss.items():
+        write_run(tmp_path / f"b{beta}", "beauty", "tiger", {**OBJECTIVES["pointwise"], "beta": beta}, 1,
+                  {"test/recall@10": beta, "val/objective_loss": v, "history": []},
+                  extra={"trainer": {"monitor": "val/objective_loss", "monitor_mode": "min", "devices": 1}})
+    s = rep.report([tmp_path], tmp_path / "out", ["recall@10"])
+    sel = next(x for x in s["selected"] if x["objective"] == "APAO-pointwise")
+    assert sel["objective_params"]["objective.beta"] == 0.2
+    cell = next(c for c in s["cells"] if c["objective"] == "APAO-pointwise" and c["metric"] == "recall@10")
+    assert cell["mean"] == 0.2
