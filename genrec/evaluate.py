@@ -28,7 +28,7 @@ from genrec.data.readers.common import DataError
 from genrec.lit import GenRec
 from genrec.objectives.sdpo import checkpoint_path
 from genrec.prepare import prepare
-from genrec.train import write_json
+from genrec.runs import write_json
 
 
 def locate(ckpt: str) -> tuple[Path, Path]:

@@ -11,7 +11,6 @@ wall time): everything `genrec.report` needs.
 from __future__ import annotations
 
 import csv
-import json
 import os
 import sys
 import time
@@ -27,27 +26,17 @@ from lightning.pytorch.plugins import TorchCheckpointIO
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from genrec.config_check import ConfigError, check, exit_if_invalid
+from genrec.config_check import check, exit_if_invalid
 from genrec.data.datamodule import SeqDataModule
 from genrec.data.readers.common import DataError
 from genrec.lit import GenRec, NonFiniteLoss
 from genrec.loggers import close_wandb, forget_wandb_run, log_final
 from genrec.malloc import keep_freed_memory
 from genrec.prepare import prepare
+from genrec.runs import write_json, write_text
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
 VOLATILE = ("resume", "run_dir")  # config keys that may differ between a run and its resumption
-
-
-def write_text(path: Path, text: str) -> None:
-    """Atomic: a crash never leaves a half-written file that a report or a resume would trust."""
-    tmp = path.with_suffix(path.suffix + f".tmp{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
-def write_json(path: Path, obj: dict) -> None:
-    write_text(path, json.dumps(obj, indent=1, default=float))
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):

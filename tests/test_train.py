@@ -88,3 +88,9 @@ def test_evaluate_reproduces_test_metrics_and_reruns_other_beams(tmp_path):
     b = evaluate(wide)  # beam >= catalogue: beam search is exact, nothing is pruned
     assert b["test/recall@5"] == b["test/full/recall@5"] and b["test/pruning_rate@5"] == 0
     assert (tmp_path / "run" / "eval" / "test-beam60-full.json").exists()
+
+
+def test_evaluation_does_not_import_training_code():
+    code = "import sys, genrec.evaluate; print('genrec.train' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.stdout.strip() == "False", out.stderr[-2000:]

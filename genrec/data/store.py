@@ -24,6 +24,7 @@ from filelock import FileLock
 
 import genrec
 from genrec.data.readers.common import recording_inputs
+from genrec.runs import write_text
 
 # Bump a stage's version when its output format or semantics change: old entries are ignored.
 STAGE_VERSIONS = {"sequences": 1, "embeddings": 1, "sids": 1}
@@ -44,12 +45,6 @@ def file_stats(paths: list[str]) -> dict[str, list[int] | None]:
         except FileNotFoundError:
             stats[p] = None
     return stats
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".tmp-{path.name}-{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def cached(root: Path | str, stage: str, config: dict, build: Callable[[Path], dict | None],
@@ -94,7 +89,7 @@ def cached(root: Path | str, stage: str, config: dict, build: Callable[[Path], d
                 shutil.rmtree(final)
             os.replace(tmp, final)
             if inputs:
-                _write_atomic(index, json.dumps(files))
+                write_text(index, json.dumps(files))
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return final, False
