@@ -16,6 +16,8 @@ from typing import Any, Callable
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from genrec.eval.metrics import lower_is_better
+
 Check = Callable[[Any], bool]
 
 
@@ -128,7 +130,7 @@ def _ks_within_beam(cfg: DictConfig) -> str | None:
     return None
 
 
-MONITOR = re.compile(r"val/(?:(?P<loss>loss|objective_loss)|(?P<full>full/)?(?:recall|ndcg)@(?P<k>\d+)"
+MONITOR = re.compile(r"val/(?:loss|objective_loss|(?P<full>full/)?(?:recall|ndcg)@(?P<k>\d+)"
                      r"|prefix_recall@\d+|pruning_rate@(?P<pk>\d+)|(?P<users>users))")
 
 
@@ -146,7 +148,7 @@ def _monitor_is_logged(cfg: DictConfig) -> str | None:
         return f"trainer.monitor={monitor}: a logged validation metric, @k with k in eval.ks ({_show(ks)})"
     if (m["full"] or m["pk"]) and _get(cfg, "eval.full_rank") is not True:
         return f"trainer.monitor={monitor}: logged only with eval.full_rank=true"
-    want = "min" if m["loss"] or m["pk"] else "max"
+    want = "min" if lower_is_better(monitor) else "max"
     if mode in ("max", "min") and mode != want and not m["users"]:
         return f"trainer.monitor_mode={mode}: {monitor} is {'minimised' if want == 'min' else 'maximised'} (use {want})"
     return None

@@ -32,6 +32,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from genrec import plots
+from genrec.eval.metrics import lower_is_better
 
 # Config keys that do not define the experiment (seeds are averaged, the rest is bookkeeping/hardware).
 IGNORED = ("seed", "run_dir", "resume", "data_dir", "tags", "logger", "hydra", "objective.ref_ckpt",
@@ -96,11 +97,6 @@ class Run:
     @property
     def monitor(self) -> str:
         return self.cfg.get("trainer", {}).get("monitor", "val/ndcg@10")
-
-    @property
-    def sign(self) -> int:
-        """+1 where a higher monitored value is better (`trainer.monitor_mode: max`), -1 for `min` (a loss)."""
-        return -1 if self.cfg.get("trainer", {}).get("monitor_mode", "max") == "min" else 1
 
     def evals(self, split: str) -> list[dict]:
         """Re-evaluations written by genrec.evaluate: eval/<split>-beam<K>[-full].json."""
@@ -183,10 +179,13 @@ class Variant:
         return statistics.fmean(v) if v else math.nan
 
     def score(self, select: str | None) -> float:
-        """Mean validation score, higher is better (a `monitor_mode: min` run's value is negated)."""
-        v = [r.sign * r.metrics[select or r.monitor] for r in self.runs
-             if isinstance(r.metrics.get(select or r.monitor), (int, float))]
-        return statistics.fmean(v) if v else -math.inf
+        """Mean validation score, higher is better (a loss is negated). A variant's runs share one
+        config, so one monitor."""
+        v = [r.metrics.get(select or r.monitor) for r in self.runs]
+        v = [x for x in v if isinstance(x, (int, float))]
+        if not v:
+            return -math.inf
+        return (-1 if lower_is_better(select or self.runs[0].monitor) else 1) * statistics.fmean(v)
 
 
 def group(runs: list[Run]) -> dict[tuple[str, str, str], list[Variant]]:

@@ -316,10 +316,13 @@ def test_sweep_monitored_on_a_loss_selects_the_lowest(tmp_path):
     loss = {0.1: 3.0, 0.2: 2.5, 0.3: 2.8}
     for beta, v in loss.items():
         write_run(tmp_path / f"b{beta}", "beauty", "tiger", {**OBJECTIVES["pointwise"], "beta": beta}, 1,
-                  {"test/recall@10": beta, "val/objective_loss": v, "history": []},
+                  {"test/recall@10": beta, "val/objective_loss": v, "val/ndcg@10": beta / 10, "history": []},
                   extra={"trainer": {"monitor": "val/objective_loss", "monitor_mode": "min", "devices": 1}})
     s = rep.report([tmp_path], tmp_path / "out", ["recall@10"])
     sel = next(x for x in s["selected"] if x["objective"] == "APAO-pointwise")
     assert sel["objective_params"]["objective.beta"] == 0.2
     cell = next(c for c in s["cells"] if c["objective"] == "APAO-pointwise" and c["metric"] == "recall@10")
     assert cell["mean"] == 0.2
+    s = rep.report([tmp_path], tmp_path / "by_ndcg", ["recall@10"], select="val/ndcg@10")  # maximised
+    sel = next(x for x in s["selected"] if x["objective"] == "APAO-pointwise")
+    assert sel["objective_params"]["objective.beta"] == 0.3

@@ -8,6 +8,13 @@ from __future__ import annotations
 import torch
 
 
+def lower_is_better(name: str) -> bool:
+    """Direction of a logged metric (`val/loss`, `val/ndcg@10`, ...): losses and pruning rates are
+    minimised, recall / NDCG / prefix recall maximised."""
+    leaf = name.rsplit("/", 1)[-1]
+    return leaf.endswith("loss") or leaf.startswith("pruning_rate@")
+
+
 def hits(rank: torch.Tensor, k: int) -> torch.Tensor:
     return (rank >= 1) & (rank <= k)
 
