@@ -11,6 +11,7 @@ wall time): everything `genrec.report` needs.
 from __future__ import annotations
 
 import csv
+import io
 import os
 import sys
 import time
@@ -86,12 +87,11 @@ def keep_logged_rows(logger, epoch: int) -> None:
             rows = [r for r in reader if None not in r.values() and r["epoch"].isdigit() and int(r["epoch"]) <= epoch]
     writer = logger.experiment  # created now, with no metrics.csv to find (Lightning >= 2.5 deletes it)
     if rows:
-        tmp = path.with_name("metrics.csv.tmp")
-        with open(tmp, "w", newline="") as f:
-            out = csv.DictWriter(f, fieldnames=header)
-            out.writeheader()
-            out.writerows(rows)
-        os.replace(tmp, path)
+        text = io.StringIO()
+        out = csv.DictWriter(text, fieldnames=header)
+        out.writeheader()
+        out.writerows(rows)
+        write_text(path, text.getvalue())
         writer.metrics_keys = header
     old.unlink(missing_ok=True)
 
