@@ -27,33 +27,14 @@ from genrec.models.base import Backbone, token_logprobs
 from genrec.objectives import bear as bear_lib
 from genrec.objectives.base import Objective
 from genrec.objectives.negatives import Negatives, make_negatives
+from genrec.runs import load_backbone_state
 
 
-def checkpoint_path(path: str | Path) -> Path:
-    """A .ckpt file, or a run dir's checkpoints/best.ckpt falling back to last.ckpt."""
-    path = Path(path)
-    if path.is_dir():
-        for name in ("best.ckpt", "last.ckpt"):
-            if (path / "checkpoints" / name).is_file():
-                return path / "checkpoints" / name
-        raise FileNotFoundError(f"no checkpoints/best.ckpt or checkpoints/last.ckpt under {path}")
-    if not path.is_file():
-        raise FileNotFoundError(f"checkpoint {path} does not exist")
-    return path
-
-
-def load_backbone_state(path: str | Path) -> dict[str, torch.Tensor]:
-    """The backbone weights (keys `backbone.*`, prefix stripped) of a Lightning checkpoint."""
+def load_reference(path: str | Path) -> dict[str, torch.Tensor]:
     try:
-        path = checkpoint_path(path)
+        return load_backbone_state(path)
     except FileNotFoundError as e:
         raise FileNotFoundError(f"S-DPO reference (objective.ref_ckpt): {e}") from None
-    # Our own training checkpoint (Lightning pickles hyper-parameters alongside the weights).
-    state = torch.load(path, map_location="cpu", weights_only=False).get("state_dict", {})
-    weights = {k[len("backbone.") :]: v for k, v in state.items() if k.startswith("backbone.")}
-    if not weights:
-        raise ValueError(f"{path} holds no backbone.* weights in its state_dict")
-    return weights
 
 
 class SDPO(Objective):
@@ -78,7 +59,7 @@ class SDPO(Objective):
         if getattr(self, "ref", None) is not None:  # already set up: keep the trained policy
             return
         if self.ref_ckpt:
-            backbone.load_state_dict(load_backbone_state(self.ref_ckpt))
+            backbone.load_state_dict(load_reference(self.ref_ckpt))
         self.ref = copy.deepcopy(backbone).requires_grad_(False).eval()
         self.negatives.setup(ctx)
         self.widths = [self.beam or ctx.eval_beam]
