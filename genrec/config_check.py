@@ -92,6 +92,10 @@ CHECKS: dict[str, tuple[Check, str]] = {
     "objective.lam": number(ge=0),
     "objective.xi": POSITIVE_NUMBER,
     "objective.beam": or_null(POSITIVE),
+    "objective.bear": (lambda v: v is None or isinstance(v, dict), "null or {lam, xi, beam, widths} (lam: 0 = off)"),
+    "objective.bear.lam": number(ge=0),
+    "objective.bear.xi": POSITIVE_NUMBER,
+    "objective.bear.beam": or_null(POSITIVE),
     "eval.beam": POSITIVE,
     "eval.chunk": POSITIVE,
     "eval.score": or_null(one_of("full", "masked")),  # null: the run's own (genrec.evaluate)

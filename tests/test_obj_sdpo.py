@@ -86,7 +86,7 @@ def test_bear_sign_convention():
     lam, xi, N, width = 0.4, 1.5, 3, 2
     sids, trie, batch, bb, plain = _setup(N)
     _perturb(bb)
-    with_bear = SDPO(num_negatives=N, bear=True, lam=lam, xi=xi, beam=width)
+    with_bear = SDPO(num_negatives=N, bear={"lam": lam, "xi": xi, "beam": width})
     with_bear.setup(make_ctx(sids), bb)
     with_bear.ref.load_state_dict(plain.ref.state_dict())
     l0, _ = plain(batch, bb, trie)
