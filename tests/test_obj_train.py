@@ -24,8 +24,8 @@ CASES = {
     "apao_bear": {"loss": "pointwise", "bear": {"lam": 0.1, "xi": 2.75, "widths": [2, 3]}},
     "bear_reweight": {},
     "bear_regularizer": {"form": "regularizer", "lam": 0.2, "widths": [2, 4]},
-    "sdpo": {"ref_ckpt": None},
-    "sdpo_bear": {"ref_ckpt": None, "bear": {"lam": 0.1}, "num_negatives": 4},
+    "sdpo": {},
+    "sdpo_bear": {"bear": {"lam": 0.1}, "num_negatives": 4},
 }
 
 

@@ -355,7 +355,7 @@ def test_objective_beam_is_the_eval_beam_in_the_saved_config(objective, key):
     """B (BEAR's top-B, and BEAR's term in S-DPO / APAO) is the evaluation beam by interpolation, so the
     run's resolved config.yaml records it and re-evaluating at another width cannot change it."""
     with initialize_config_dir(CONF, version_base="1.3"):
-        extra = ["objective.ref_ckpt=x"] if objective == "sdpo" else []
+        extra = ["init_from=x"] if objective == "sdpo" else []
         cfg = compose("config", [f"objective={objective}", "eval=bear", *extra])
         wide = compose("config", [f"objective={objective}", "eval.beam=50", *extra])
     assert OmegaConf.select(OmegaConf.create(OmegaConf.to_container(cfg.objective, resolve=True)), key) == 10

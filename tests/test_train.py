@@ -111,3 +111,20 @@ def test_evaluate_sdpo_run_after_its_reference_run_moved(tmp_path):
     got = evaluate(cfg)
     assert {k: v for k, v in got.items() if k.startswith("test/") and k != "test/loss"} == pytest.approx(
         {k: v for k, v in r.items() if k.startswith("test/") and k != "test/loss"}, rel=1e-5)
+
+
+def test_two_stage_pipeline_ce_then_any_objective(tmp_path):
+    """`+stage1=ce`: CE (composed conf/objective/ce.yaml) into <run dir>/stage1, then the run's objective
+    starts from its best checkpoint (init_from, saved in config.yaml). With a vanishing learning rate
+    stage 2 keeps stage 1's weights, so it ranks exactly as stage 1 does; from scratch it would not."""
+    r = run(config(tmp_path, "objective=apao_pointwise", "+stage1=ce", "trainer.max_epochs=1"))
+    stage1 = tmp_path / "run" / "stage1"
+    first = json.loads((stage1 / "metrics.json").read_text())
+    assert first["objective"] == "ce" and "genrec.objectives.ce.CE" in (stage1 / "config.yaml").read_text()
+    saved = (tmp_path / "run" / "config.yaml").read_text()
+    assert f"init_from: {stage1}" in saved and "stage1: ce" in saved
+    frozen = run(config(tmp_path / "b", "objective=apao_pointwise", f"init_from={stage1}", "trainer.max_epochs=1",
+                        "optim.lr=1e-12"))
+    ranks = [k for k in first if k.startswith(("test/recall@", "test/ndcg@"))]
+    assert {k: frozen[k] for k in ranks} == {k: first[k] for k in ranks}
+    assert {k: r[k] for k in ranks} != {k: first[k] for k in ranks}  # stage 2 did train

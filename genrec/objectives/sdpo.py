@@ -7,18 +7,16 @@ log pi(.) the full-item log-prob S^T. At pi = pi_ref, L = log(1 + N).
 +lam L_reg on the positive and -lam L_reg averaged over the negatives (L_reg = sum_t
 log sigmoid(Delta_t / xi), each candidate against its own trie thresholds).
 
-`setup` loads `ref_ckpt` (a Lightning checkpoint, or a run dir: <dir>/checkpoints/best.ckpt,
-else last.ckpt) into the policy backbone and keeps a frozen deep copy as the reference
-(requires_grad False, always in eval mode, scored under no_grad; the training loop optimises
-only parameters that require grad). ref_ckpt=None: the reference is a copy of the backbone as
-it is at setup. The reference is part of the objective's state_dict, so a resumed run gets the
-same reference.
+`setup` keeps a frozen deep copy of the backbone as it is then as the reference (requires_grad
+False, always in eval mode, scored under no_grad; the training loop optimises only parameters that
+require grad): the run's start, a CE run's weights (`init_from`, or stage 1 of objective=sdpo_2stage),
+loaded by the training loop before setup. The reference is part of the objective's state_dict, so a
+resumed run gets the same reference.
 """
 
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -28,27 +26,18 @@ from genrec.models.base import Backbone, token_logprobs
 from genrec.objectives.base import Objective
 from genrec.objectives.bear import BearTerm, make_term
 from genrec.objectives.negatives import Negatives, make_negatives
-from genrec.runs import load_backbone_state
-
-
-def load_reference(path: str | Path) -> dict[str, torch.Tensor]:
-    try:
-        return load_backbone_state(path)
-    except FileNotFoundError as e:
-        raise FileNotFoundError(f"S-DPO reference (objective.ref_ckpt): {e}") from None
 
 
 class SDPO(Objective):
     def __init__(
         self,
-        ref_ckpt: str | None = None,
         beta_dpo: float = 1.0,
         num_negatives: int = 3,
         bear: BearTerm | dict | None = None,
         negatives: Negatives | dict | None = None,
     ) -> None:
         super().__init__()
-        self.ref_ckpt, self.beta_dpo, self.num_negatives = ref_ckpt, beta_dpo, num_negatives
+        self.beta_dpo, self.num_negatives = beta_dpo, num_negatives
         self.bear = make_term(bear)
         self.negatives = make_negatives(negatives)
 
@@ -56,8 +45,6 @@ class SDPO(Objective):
         super().setup(ctx, backbone)
         if getattr(self, "ref", None) is not None:  # already set up: keep the trained policy
             return
-        if self.ref_ckpt:
-            backbone.load_state_dict(load_reference(self.ref_ckpt))
         self.ref = copy.deepcopy(backbone).requires_grad_(False).eval()
         self.negatives.setup(ctx)
         if self.bear is not None:
