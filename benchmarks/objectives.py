@@ -12,7 +12,7 @@ and `--rounds` > 1 reruns every process, the order rotated, the fastest counting
 over CE's process and use process CPU time (with the default `--threads 1` that is the compute
 itself, which other processes inflate least); wall-clock ratios are reported too. The CE process
 also times one encoder forward per batch: the floor of any objective. S-DPO's reference is a
-frozen copy of the initial backbone (ref_ckpt=null).
+frozen copy of the initial backbone (no init_from).
 
 Targets: apao-pointwise <= 1.05x CE, bear <= 1.1x CE, apao-pairwise <= 0.8x sdpo (same N) and
 <= 12x CE; apao-pairwise (N=100, batch 128) peak RSS <= 4 GB. The last line printed is one JSON
@@ -44,7 +44,7 @@ OBJECTIVES = {
     # the same with autograd keeping every activation (TIGER: no hand-written block backward; Llama: no recompute)
     "apao-pairwise-autograd": ["objective=apao", "objective.loss=pairwise", "objective.num_negatives={N}", "{KEEP}"],
     "bear": ["objective=bear"],
-    "sdpo": ["objective=sdpo", "objective.ref_ckpt=null", "objective.num_negatives={N}"],
+    "sdpo": ["objective=sdpo", "objective.num_negatives={N}"],
 }
 TARGETS = {  # (objective, bound, reference)
     "apao-pointwise <= 1.05x ce": ("apao-pointwise", 1.05, "ce"),

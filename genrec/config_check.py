@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import sys
+from pathlib import Path
 from typing import Any, Callable
 
 from hydra.experimental.callback import Callback
@@ -19,6 +20,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from genrec.eval.metrics import lower_is_better
 
 Check = Callable[[Any], bool]
+CONF = Path(__file__).resolve().parent.parent / "conf"
 
 
 class ConfigError(ValueError):
@@ -92,6 +94,10 @@ CHECKS: dict[str, tuple[Check, str]] = {
     "objective.lam": number(ge=0),
     "objective.xi": POSITIVE_NUMBER,
     "objective.beam": or_null(POSITIVE),
+    "objective.bear": (lambda v: v is None or isinstance(v, dict), "null or {lam, xi, beam, widths} (lam: 0 = off)"),
+    "objective.bear.lam": number(ge=0),
+    "objective.bear.xi": POSITIVE_NUMBER,
+    "objective.bear.beam": or_null(POSITIVE),
     "eval.beam": POSITIVE,
     "eval.chunk": POSITIVE,
     "eval.score": or_null(one_of("full", "masked")),  # null: the run's own (genrec.evaluate)
@@ -154,7 +160,25 @@ def _monitor_is_logged(cfg: DictConfig) -> str | None:
     return None
 
 
-CROSS: list[Callable[[DictConfig], str | None]] = [_ks_within_beam, _monitor_is_logged]
+def _sdpo_has_a_start(cfg: DictConfig) -> str | None:
+    """S-DPO fine-tunes a trained run (its frozen reference): init_from or a stage 1."""
+    if not str(_get(cfg, "objective._target_")).endswith(".SDPO"):
+        return None
+    if _get(cfg, "init_from") in (None, _ABSENT) and _get(cfg, "stage1") in (None, _ABSENT):
+        return "objective=sdpo: init_from=<a CE run dir or .ckpt> (S-DPO's start and reference), or objective=sdpo_2stage"
+    return None
+
+
+def _stage1_is_an_objective(cfg: DictConfig) -> str | None:
+    name = _get(cfg, "stage1")
+    names = sorted(p.stem for p in (CONF / "objective").glob("*.yaml"))
+    if name in (None, _ABSENT) or name in names:
+        return None
+    return f"stage1={_show(name)}: an objective of conf/objective/ ({', '.join(names)})"
+
+
+CROSS: list[Callable[[DictConfig], str | None]] = [_ks_within_beam, _monitor_is_logged, _sdpo_has_a_start,
+                                                   _stage1_is_an_objective]
 
 _ABSENT = object()
 

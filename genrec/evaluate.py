@@ -4,8 +4,9 @@
     python -m genrec.evaluate -m ckpt=<run dir> eval.beam=10,20,50,100 'eval.ks=[5,10]'
     python -m genrec.evaluate ckpt=<run dir> eval.score=masked eval.temperature=2.0
 
-Rebuilds the run's model from its saved `config.yaml` (data artefacts come from the
-cache), loads the checkpoint, evaluates, and writes `<run dir>/eval/<split>-beam<K>.json`;
+Rebuilds the run's data, model and evaluator from its saved `config.yaml` (data artefacts come
+from the cache; no training objective: an S-DPO run evaluates without its reference run), loads
+the checkpoint's model weights, evaluates, and writes `<run dir>/eval/<split>-beam<K>.json`;
 the last line printed is the same JSON object. Scoring (`eval.score`, `eval.temperature`) is the
 run's own unless overridden (the file name then says which). `split=valid` scores every validation
 user, also for a run that selected on a `trainer.val_users` sample.
@@ -25,15 +26,14 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from genrec.config_check import exit_if_invalid
 from genrec.data.datamodule import SeqDataModule
 from genrec.data.readers.common import DataError
-from genrec.lit import GenRec
-from genrec.objectives.sdpo import checkpoint_path
+from genrec.eval.module import EvalModule
 from genrec.prepare import prepare
-from genrec.runs import write_json
+from genrec.runs import checkpoint_path, load_backbone_state, write_json
 
 
 def locate(ckpt: str) -> tuple[Path, Path]:
     """(run dir, checkpoint file) for a run dir or a checkpoint path."""
-    try:  # the same lookup S-DPO uses for its reference run
+    try:  # the same lookup as init_from (e.g. S-DPO's stage 1)
         path = checkpoint_path(Path(ckpt).expanduser().resolve())
     except FileNotFoundError as e:
         raise DataError(f"ckpt={ckpt}: {e}") from None
@@ -56,9 +56,8 @@ def evaluate(cfg: DictConfig) -> dict:
     data = prepare(run_cfg, log=lambda m: print(m, file=sys.stderr))
     dm = SeqDataModule(data.seq, data.sids, run_cfg.dataset.max_history, cfg.batch_size, cfg.batch_size,
                        run_cfg.seed)
-    module = GenRec(run_cfg, data.sids, dm.item_counts())
-    state = torch.load(ckpt, map_location="cpu", weights_only=False)["state_dict"]
-    module.load_state_dict(state)
+    module = EvalModule(run_cfg, data.sids)
+    module.backbone.load_state_dict(load_backbone_state(ckpt))
     trainer = L.Trainer(accelerator=cfg.accelerator, devices=1, precision=run_cfg.trainer.precision,  # as the run
                         logger=False, enable_model_summary=False, use_distributed_sampler=False)
     loader = dm.test_dataloader if cfg.split == "test" else dm.val_dataloader

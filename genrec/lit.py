@@ -1,9 +1,7 @@
-"""The LightningModule: backbone + objective for training, evaluator for validation/test.
-
-Validation and test run the evaluator (constrained beam search, optionally full ranking)
-on every held-out example exactly once (validation: the `trainer.val_users` sample if set): each
-DDP rank evaluates its shard, the per-example rows are gathered, de-duplicated by example index
-and only then summarised.
+"""The training LightningModule: `EvalModule` (backbone + evaluator, genrec/eval/module.py) plus the
+objective, the optimiser and the per-epoch validation history (validation: the `trainer.val_users`
+sample if set). `init_from` (a run dir or .ckpt) sets the backbone's starting weights, before the
+objective sees it (S-DPO's frozen reference is a copy of it).
 """
 
 from __future__ import annotations
@@ -17,38 +15,28 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from genrec.data.semantic_ids import SemanticIds
-from genrec.eval.trie import Trie
+from genrec.eval.module import EvalModule
 from genrec.objectives.base import TrainContext
+from genrec.runs import load_backbone_state
 
 
 class NonFiniteLoss(FloatingPointError):
     pass
 
 
-class GenRec(L.LightningModule):
+class GenRec(EvalModule):
     def __init__(self, cfg: DictConfig, sids: SemanticIds, item_counts, steps_per_epoch: int | None = None) -> None:
         """`steps_per_epoch`: only for use without a Trainer (benchmarks); under one, the schedule
         spans Lightning's `estimated_stepping_batches` (world size, accumulation, limits)."""
-        super().__init__()
-        self.cfg, self.sids, self.steps_per_epoch = cfg, sids, steps_per_epoch
-        T = sids.num_levels
-        self.backbone = instantiate(cfg.backbone, vocab_size=sids.vocab_size,
-                                    max_positions=cfg.dataset.max_history * T + T + 2)
+        super().__init__(cfg, sids)
+        self.steps_per_epoch = steps_per_epoch
+        if cfg.get("init_from"):
+            self.backbone.load_state_dict(load_backbone_state(cfg.init_from))
         self.objective = instantiate(cfg.objective)
-        self.evaluator = instantiate(cfg.eval)
-        self._trie = Trie(sids)
         self.objective.setup(TrainContext(sids, self._trie, item_counts, self.evaluator.beam, cfg.seed), self.backbone)
-        self._rows: list[dict] = []
         self._finite: torch.Tensor | None = None  # per loss term: finite at every step since the last check
         self.history: list[dict] = []  # validation metrics per epoch (checkpointed)
-        self.last_metrics: dict[str, dict] = {}
         self.clock = (time.time(), 0.0)  # (this process's start, seconds its earlier processes ran: a resume's)
-
-    @property
-    def trie(self) -> Trie:
-        if self._trie.offsets.device != self.device:
-            self._trie = Trie(self.sids, self.device)
-        return self._trie
 
     # ---- training -------------------------------------------------------------------
     def on_train_epoch_start(self) -> None:
@@ -83,44 +71,17 @@ class GenRec(L.LightningModule):
         raise NonFiniteLoss(f"non-finite loss at epoch {self.current_epoch}, by step {self.global_step} ({where}): "
                             f"term(s) {', '.join(bad)}; try a lower optim.lr or trainer.gradient_clip")
 
-    # ---- evaluation -----------------------------------------------------------------
-    def _eval_step(self, batch: dict) -> None:
-        self._rows.append(self.evaluator.per_example(self.backbone, self.trie, batch))
-
+    # ---- evaluation (EvalModule's, plus the training loss and the history) ------------
     def validation_step(self, batch: dict, batch_idx: int) -> None:
-        self._eval_step(batch)
+        super().validation_step(batch, batch_idx)
         if self.cfg.trainer.monitor == "val/objective_loss":  # the APAO release selects on its training loss
             loss, _ = self.objective(batch, self.backbone, self.trie)
             self._rows[-1]["objective_loss"] = loss.detach().float().expand(len(batch["index"]))
 
-    def test_step(self, batch: dict, batch_idx: int) -> None:
-        self._eval_step(batch)
-
-    def _gather_rows(self) -> dict[str, torch.Tensor]:
-        rows = {k: torch.cat([r[k] for r in self._rows]) for k in self._rows[0]} if self._rows else {}
-        self._rows = []
-        if self.trainer.world_size > 1:
-            n = int(self.all_gather(torch.tensor(len(rows["index"]), device=self.device)).max())
-            padded = {}
-            for k, v in rows.items():
-                v = v.long() if v.dtype == torch.bool else v  # gloo gathers no bools
-                pad = torch.full((n - len(v), *v.shape[1:]), -1, dtype=v.dtype, device=v.device)
-                padded[k] = self.all_gather(torch.cat([v, pad])).flatten(0, 1)
-                padded[k] = padded[k].bool() if rows[k].dtype == torch.bool else padded[k]
-            keep = padded["index"] >= 0
-            rows = {k: v[keep] for k, v in padded.items()}
-        _, first = unique_first(rows["index"])
-        return {k: v[first].cpu() for k, v in rows.items()}
-
-    def _eval_epoch_end(self, prefix: str) -> None:
-        rows = self._gather_rows()
-        metrics = self.evaluator.summarize(rows)
-        metrics["users"] = float(len(rows["index"]))
-        # Every rank holds the same gathered rows, so no further reduction is needed.
-        self.log_dict({f"{prefix}/{k}": float(v) for k, v in metrics.items()}, sync_dist=False)
-        if prefix == "val" and not self.trainer.sanity_checking:
+    def on_validation_epoch_end(self) -> None:
+        metrics = self._eval_epoch_end("val")
+        if not self.trainer.sanity_checking:
             self.history.append({"epoch": self.current_epoch, **metrics, "seconds": round(self.elapsed(), 1)})
-        self.last_metrics[prefix] = metrics
 
     def elapsed(self) -> float:
         """Wall seconds of the run so far, summed over the processes of a resumed run (each from its
@@ -134,12 +95,6 @@ class GenRec(L.LightningModule):
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self.history = checkpoint.get("val_history", [])
         self.clock = (self.clock[0], checkpoint.get("elapsed", 0.0))
-
-    def on_validation_epoch_end(self) -> None:
-        self._eval_epoch_end("val")
-
-    def on_test_epoch_end(self) -> None:
-        self._eval_epoch_end("test")
 
     # ---- optimisation ---------------------------------------------------------------
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
@@ -175,11 +130,3 @@ class GenRec(L.LightningModule):
         sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
-
-def unique_first(index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Unique values of `index` and the position of each one's first occurrence."""
-    uniq, inv = torch.unique(index, return_inverse=True)
-    pos = torch.arange(len(index), device=index.device)
-    first = torch.full((len(uniq),), len(index), dtype=torch.long, device=index.device).scatter_reduce(
-        0, inv, pos, reduce="amin")
-    return uniq, first

@@ -35,7 +35,7 @@ from genrec import plots
 from genrec.eval.metrics import lower_is_better
 
 # Config keys that do not define the experiment (seeds are averaged, the rest is bookkeeping/hardware).
-IGNORED = ("seed", "run_dir", "resume", "data_dir", "tags", "logger", "hydra", "objective.ref_ckpt",
+IGNORED = ("seed", "run_dir", "resume", "data_dir", "tags", "logger", "hydra", "init_from",
            "trainer.accelerator", "trainer.devices", "trainer.num_nodes", "trainer.strategy", "trainer.num_workers",
            "trainer.progress_bar", "trainer.eval_batch_size", "embedder.device", "eval.full_rank", "eval.chunk",
            "dataset.root", "dataset.reader.root", "tokenizer.path")
@@ -65,7 +65,8 @@ def objective_label(obj: dict) -> str:
     label = OBJECTIVE_NAMES.get(name, name)
     if name == "APAO":
         label += f"-{obj.get('loss', 'pairwise')}"
-    if name in ("APAO", "SDPO") and obj.get("bear"):
+    bear = obj.get("bear")  # BEAR's term: {lam, ...} with lam 0 = off (older runs: S-DPO true, APAO null)
+    if name in ("APAO", "SDPO") and (bear is True or isinstance(bear, dict) and bear.get("lam", 0.1) > 0):
         label += "+BEAR"
     flat = flatten(obj)
     changed = [f"{k}={flat[k]}" for k, d in ABLATIONS.get(name, {}).items() if k in flat and flat[k] != d]

@@ -1,11 +1,14 @@
 """Files of a run dir (and of the data cache), written atomically: a crash or kill -9 never leaves a
-half-written config.yaml, metrics.json, failed.json or cache index that a report or a resume would trust."""
+half-written config.yaml, metrics.json, failed.json or cache index that a report or a resume would trust.
+And a run's checkpoint: where it is, and its model (backbone) weights."""
 
 from __future__ import annotations
 
 import json
 import os
 from pathlib import Path
+
+import torch
 
 
 def write_text(path: Path, text: str) -> None:
@@ -17,3 +20,28 @@ def write_text(path: Path, text: str) -> None:
 
 def write_json(path: Path, obj: dict) -> None:
     write_text(path, json.dumps(obj, indent=1, default=float))
+
+
+def checkpoint_path(path: str | Path) -> Path:
+    """A .ckpt file, or a run dir's checkpoints/best.ckpt falling back to last.ckpt."""
+    path = Path(path)
+    if path.is_dir():
+        for name in ("best.ckpt", "last.ckpt"):
+            if (path / "checkpoints" / name).is_file():
+                return path / "checkpoints" / name
+        raise FileNotFoundError(f"no checkpoints/best.ckpt or checkpoints/last.ckpt under {path}")
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint {path} does not exist")
+    return path
+
+
+def load_backbone_state(path: str | Path) -> dict:
+    """The backbone weights (keys `backbone.*`, prefix stripped) of a run's Lightning checkpoint
+    (`checkpoint_path`): the model part only, never the objective's state."""
+    path = checkpoint_path(path)
+    # Our own training checkpoint (Lightning pickles hyper-parameters alongside the weights).
+    state = torch.load(path, map_location="cpu", weights_only=False).get("state_dict", {})
+    weights = {k[len("backbone."):]: v for k, v in state.items() if k.startswith("backbone.")}
+    if not weights:
+        raise ValueError(f"{path} holds no backbone.* weights in its state_dict")
+    return weights

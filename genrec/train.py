@@ -34,7 +34,7 @@ from genrec.lit import GenRec, NonFiniteLoss
 from genrec.loggers import close_wandb, forget_wandb_run, log_final
 from genrec.malloc import keep_freed_memory
 from genrec.prepare import prepare
-from genrec.runs import write_json, write_text
+from genrec.runs import checkpoint_path, write_json, write_text
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
 VOLATILE = ("resume", "run_dir")  # config keys that may differ between a run and its resumption
@@ -124,34 +124,59 @@ def find_resume_dir(cfg: DictConfig) -> Path | None:
     return None
 
 
-def run_stage1(cfg: DictConfig, run_dir: Path) -> None:
-    """Two-stage objectives (`objective.ref_ckpt: stage1`, e.g. S-DPO): first train the same
-    configuration with CE into `<run dir>/stage1`, then point `ref_ckpt` at it."""
-    stage1 = run_dir / "stage1"
-    if not (stage1 / "metrics.json").exists():
-        ce = cfg.copy()
-        with open_dict(ce):
-            ce.objective = OmegaConf.load(CONF / "objective" / "ce.yaml")
-            ce.objective.pop("defaults")  # its eval scoring default: the same as S-DPO's (full)
-            ce.run_dir, ce.resume = str(stage1), (stage1 / "checkpoints" / "last.ckpt").exists()
-            ce.logger = {"_target_": "lightning.pytorch.loggers.CSVLogger", "save_dir": str(stage1), "name": "logs",
-                         "version": ""}
-        run(ce, objective_name="ce")
-    with open_dict(cfg):
-        cfg.objective.ref_ckpt = str(stage1)
+def compose_objective(name: str) -> DictConfig:
+    """conf/objective/<name>.yaml as Hydra composes it (unresolved: its interpolations resolve in the run)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    if GlobalHydra.instance().is_initialized():  # inside the Hydra app
+        return compose("config", overrides=[f"objective={name}"]).objective
+    with initialize_config_dir(str(CONF), version_base="1.3"):  # run() called directly
+        return compose("config", overrides=[f"objective={name}"]).objective
 
 
-def run(cfg: DictConfig, objective_name: str | None = None) -> dict:
+def stage1_config(cfg: DictConfig) -> DictConfig:
+    """Stage 1 of a two-stage run: this config with `objective=<stage1>` (the run's evaluator), trained into
+    <run dir>/stage1 and logged there to CSV; continued from its last.ckpt if it has one."""
+    stage1 = Path(cfg.run_dir) / "stage1"
+    first = cfg.copy()
+    with open_dict(first):
+        first.objective = compose_objective(cfg.stage1)
+        first.stage1 = None
+        first.run_dir, first.resume = str(stage1), (stage1 / "checkpoints" / "last.ckpt").exists()
+        first.logger = {"_target_": "lightning.pytorch.loggers.CSVLogger", "save_dir": str(stage1), "name": "logs",
+                        "version": ""}
+    return first
+
+
+def run(cfg: DictConfig) -> dict:
+    """Train and test `cfg`; with `stage1` (an objective name, e.g. objective=sdpo_2stage) a pipeline:
+    stage 1 trains that objective into <run dir>/stage1 (skipped once its metrics.json exists),
+    then this config starts from stage 1's checkpoint (`init_from`)."""
     start = time.time()
     check(cfg)
     resume_dir = find_resume_dir(cfg)
     if resume_dir is not None:
         with open_dict(cfg):
             cfg.run_dir = str(resume_dir)
+    if cfg.get("init_from"):  # before any compute
+        try:
+            checkpoint_path(cfg.init_from)
+        except FileNotFoundError as e:
+            raise DataError(f"init_from={cfg.init_from}: {e}") from None
+    if cfg.get("stage1"):
+        first = stage1_config(cfg)
+        if not (Path(first.run_dir) / "metrics.json").exists():
+            train(first, time.time(), Path(first.run_dir) if first.resume else None, objective_name=cfg.stage1)
+        with open_dict(cfg):
+            cfg.init_from = first.run_dir
+    return train(cfg, start, resume_dir)
+
+
+def train(cfg: DictConfig, start: float, resume_dir: Path | None, objective_name: str | None = None) -> dict:
+    """One stage: fit, test on the best checkpoint, write the run dir."""
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    if cfg.objective.get("ref_ckpt") == "stage1":
-        run_stage1(cfg, run_dir)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     if cfg.trainer.keep_freed_memory:
         keep_freed_memory()

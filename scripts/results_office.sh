@@ -22,7 +22,7 @@ declare -A ROWS=(
   [tiger-apao_pointwise-s44]="$APAO_PT seed=44"
   [tiger-msl-s42]="objective=msl seed=42"
   [tiger-bear-s42]="objective=bear seed=42"
-  [tiger-sdpo-s42]="objective=sdpo objective.ref_ckpt=outputs/results_office/tiger-ce-s42 seed=42"
+  [tiger-sdpo-s42]="objective=sdpo init_from=outputs/results_office/tiger-ce-s42 seed=42"
   [llama-ce-s42]="backbone=llama objective=ce seed=42"
   [llama-ce-s43]="backbone=llama objective=ce seed=43"
   [llama-apao_pointwise-s42]="backbone=llama $APAO_PT seed=42"
@@ -43,7 +43,7 @@ for row in "${rows[@]}"; do
   [[ -n "${ROWS[$row]:-}" ]] || { echo "error: unknown row $row (scripts/results_office.sh --list)" >&2; exit 2; }
   if done_row "$row"; then echo "skip $row (docs/results/runs/$row/metrics.json)"; continue; fi
   run=outputs/results_office/$row
-  ref=$(grep -o 'ref_ckpt=[^ ]*' <<< "${ROWS[$row]}" | cut -d= -f2 || true)
+  ref=$(grep -o 'init_from=[^ ]*' <<< "${ROWS[$row]}" | cut -d= -f2 || true)
   if [[ -n "$ref" && ! -f "$ref/checkpoints/best.ckpt" ]]; then
     echo "error: $row needs the CE checkpoint $ref/checkpoints/best.ckpt (run its CE row here first)" >&2; exit 2
   fi

@@ -40,9 +40,16 @@ BAD = [  # (overrides, the one line after "error: ")
     (["objective=apao", "objective.weights=equal"],
      "objective.weights=equal: one of paper, released, uniform, hardmax"),
     (["objective=bear", "objective.form=penalty"], "objective.form=penalty: one of regularizer, reweight"),
-    (["objective=sdpo", "objective.ref_ckpt=x", "objective.negatives.kind=random"],
+    (["objective=sdpo", "init_from=x", "objective.negatives.kind=random"],
      "objective.negatives.kind=random: one of uniform, popularity, hard"),
     (["objective.temperature=0"], "objective.temperature=0: a number > 0"),
+    (["objective=sdpo"], "objective=sdpo: init_from=<a CE run dir or .ckpt> (S-DPO's start and reference), "
+                         "or objective=sdpo_2stage"),
+    (["objective=apao", "+stage1=cee"], "stage1=cee: an objective of conf/objective/ (apao, apao_pairwise, "
+                                         "apao_pointwise, bear, ce, msl, sdpo, sdpo_2stage)"),
+    (["objective=sdpo", "init_from=x", "objective.bear=true"],
+     "objective.bear=true: null or {lam, xi, beam, widths} (lam: 0 = off)"),
+    (["objective=apao", "objective.bear.lam=-0.1"], "objective.bear.lam=-0.1: a number >= 0"),
     (["objective=msl", "objective.temperature=-1.0"], "objective.temperature=-1.0: a number > 0"),
     (["objective=apao", "objective.prefix_temperature=0.0"], "objective.prefix_temperature=0.0: a number > 0"),
     (["dataset.kcore=0"], "dataset.kcore=0: an integer >= 1"),
@@ -76,7 +83,7 @@ GROUPS = {g: sorted(p.stem for p in (CONF / g).glob("*.yaml")) for g in ("backbo
 def test_every_shipped_config_passes_and_every_checked_key_exists():
     seen = set()
     configs = [cfg(name="evaluate"), *(cfg(f"experiment={p.stem}") for p in (CONF / "experiment").glob("*.yaml"))]
-    configs += [cfg(f"{group}={choice}", "objective.ref_ckpt=x" if choice == "sdpo" else "seed=42")
+    configs += [cfg(f"{group}={choice}", "init_from=x" if choice == "sdpo" else "seed=42")
                 for group, choices in GROUPS.items() for choice in choices]
     for c in configs:
         assert errors(c) == [], errors(c)

@@ -138,4 +138,20 @@ def test_beam_defaults_to_eval_beam():
     sids, trie, batch, logits = _setup()
     obj = BEAR()
     obj.setup(make_ctx(sids, eval_beam=7), FixedLogits(logits))
-    assert obj.widths == [7]
+    assert obj.term.widths == [7]
+
+
+def test_one_term_one_config_shape_in_bear_apao_and_sdpo():
+    """BEAR, APAO's `bear:` and S-DPO's `bear:` build the same BearTerm from {lam, xi, beam, widths};
+    lam = 0 or null is no term; a missing beam is the evaluation beam."""
+    from genrec.objectives.apao import APAO
+    from genrec.objectives.bear import BearTerm
+    from genrec.objectives.sdpo import SDPO
+
+    shape = {"lam": 0.3, "xi": 1.5, "beam": None, "widths": [2, 4]}
+    terms = [BEAR("regularizer", **shape).term, APAO(bear=shape).bear, SDPO(bear=shape).bear]
+    assert all(type(t) is BearTerm and (t.lam, t.xi, t.widths) == (0.3, 1.5, [2, 4]) for t in terms)
+    assert APAO(bear={**shape, "lam": 0.0}).bear is None and SDPO(bear=None).bear is None
+    term = SDPO(bear={"lam": 0.1}).bear
+    term.setup(eval_beam=7)
+    assert term.widths == [7]

@@ -9,6 +9,7 @@ from obj_helpers import CountingToy, ToyBackbone, allowed_tokens, case, make_ctx
 from torch import nn
 
 from genrec.objectives.sdpo import SDPO
+from genrec.runs import load_backbone_state
 
 
 def _setup(N=4, **kw):
@@ -86,7 +87,7 @@ def test_bear_sign_convention():
     lam, xi, N, width = 0.4, 1.5, 3, 2
     sids, trie, batch, bb, plain = _setup(N)
     _perturb(bb)
-    with_bear = SDPO(num_negatives=N, bear=True, lam=lam, xi=xi, beam=width)
+    with_bear = SDPO(num_negatives=N, bear={"lam": lam, "xi": xi, "beam": width})
     with_bear.setup(make_ctx(sids), bb)
     with_bear.ref.load_state_dict(plain.ref.state_dict())
     l0, _ = plain(batch, bb, trie)
@@ -119,30 +120,31 @@ def _lightning_ckpt(path, backbone, extra=None):
     torch.save({"state_dict": state, "epoch": 3}, path)
 
 
-def test_loads_reference_from_run_dir_and_ckpt(tmp_path):
+def test_init_from_loads_best_else_last_and_is_the_reference(tmp_path):
+    """init_from (a run dir: best.ckpt, else last.ckpt; or a .ckpt) sets the backbone before setup;
+    S-DPO's reference is a frozen copy of that start."""
     sids, trie, batch = case(num_items=25)
     V = sids.vocab_size
     best, last = ToyBackbone(V, seed=11), ToyBackbone(V, seed=12)
     run = tmp_path / "run"
     _lightning_ckpt(run / "checkpoints" / "last.ckpt", last, {"objective.weights": torch.ones(3)})
-    for ref_ckpt, expected in [(run, last), (run / "checkpoints" / "last.ckpt", last)]:
+    for path, expected in [(run, last), (run / "checkpoints" / "last.ckpt", last)]:
         policy = ToyBackbone(V, seed=0)
-        obj = SDPO(ref_ckpt=str(ref_ckpt))
+        policy.load_state_dict(load_backbone_state(path))
+        obj = SDPO()
         obj.setup(make_ctx(sids), policy)
         for model in (policy, obj.ref):
             assert all(torch.equal(v, expected.state_dict()[k]) for k, v in model.state_dict().items())
+        assert not any(p.requires_grad for p in obj.ref.parameters())
     _lightning_ckpt(run / "checkpoints" / "best.ckpt", best)
-    policy = ToyBackbone(V, seed=0)
-    SDPO(ref_ckpt=str(run)).setup(make_ctx(sids), policy)
-    assert torch.equal(policy.out.weight, best.out.weight)
+    assert torch.equal(load_backbone_state(run)["out.weight"], best.out.weight)
 
 
-def test_missing_reference_is_a_clear_error(tmp_path):
-    sids, _, _ = case(num_items=25)
+def test_missing_start_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="best.ckpt or checkpoints/last.ckpt"):
-        SDPO(ref_ckpt=str(tmp_path)).setup(make_ctx(sids), ToyBackbone(sids.vocab_size))
+        load_backbone_state(tmp_path)
     with pytest.raises(FileNotFoundError, match="does not exist"):
-        SDPO(ref_ckpt=str(tmp_path / "x.ckpt")).setup(make_ctx(sids), ToyBackbone(sids.vocab_size))
+        load_backbone_state(tmp_path / "x.ckpt")
     torch.save({"state_dict": {"objective.w": torch.ones(1)}}, tmp_path / "bad.ckpt")
     with pytest.raises(ValueError, match="no backbone"):
-        SDPO(ref_ckpt=str(tmp_path / "bad.ckpt")).setup(make_ctx(sids), ToyBackbone(sids.vocab_size))
+        load_backbone_state(tmp_path / "bad.ckpt")

@@ -24,8 +24,8 @@ CASES = {
     "apao_bear": {"loss": "pointwise", "bear": {"lam": 0.1, "xi": 2.75, "widths": [2, 3]}},
     "bear_reweight": {},
     "bear_regularizer": {"form": "regularizer", "lam": 0.2, "widths": [2, 4]},
-    "sdpo": {"ref_ckpt": None},
-    "sdpo_bear": {"ref_ckpt": None, "bear": True, "num_negatives": 4},
+    "sdpo": {},
+    "sdpo_bear": {"bear": {"lam": 0.1}, "num_negatives": 4},
 }
 
 
@@ -33,7 +33,8 @@ CASES = {
 def test_objective_trains(name):
     cfg = OmegaConf.load(CONF / f"{name.split('_')[0]}.yaml")
     cfg.pop("defaults")  # the evaluator's scoring default (Hydra composes it into eval)
-    cfg = OmegaConf.merge(cfg, {"beam": 3} if "beam" in cfg else {}, CASES[name])  # beam: ${eval.beam} in a run
+    beam = {"beam": 3} if "beam" in cfg else {"bear": {"beam": 3}} if "bear" in cfg else {}  # ${eval.beam} in a run
+    cfg = OmegaConf.merge(cfg, beam, CASES[name])
     torch.manual_seed(0)
     sids, trie, batch = case(num_items=30, batch=16)
     bb = ToyBackbone(sids.vocab_size, seed=2)

@@ -350,13 +350,14 @@ def test_bear_lam_has_the_papers_strength(end_token):
     torch.testing.assert_close(bb.logits.grad * n, z.grad, rtol=1e-4, atol=1e-6)
 
 
-@pytest.mark.parametrize("objective", ["bear", "sdpo"])
-def test_objective_beam_is_the_eval_beam_in_the_saved_config(objective):
-    """B (BEAR's top-B, S-DPO+BEAR) is the evaluation beam by interpolation, so the run's resolved
-    config.yaml records it and re-evaluating at another width cannot change it."""
+@pytest.mark.parametrize("objective, key", [("bear", "beam"), ("sdpo", "bear.beam"), ("apao", "bear.beam")])
+def test_objective_beam_is_the_eval_beam_in_the_saved_config(objective, key):
+    """B (BEAR's top-B, and BEAR's term in S-DPO / APAO) is the evaluation beam by interpolation, so the
+    run's resolved config.yaml records it and re-evaluating at another width cannot change it."""
     with initialize_config_dir(CONF, version_base="1.3"):
-        extra = ["objective.ref_ckpt=x"] if objective == "sdpo" else []
+        extra = ["init_from=x"] if objective == "sdpo" else []
         cfg = compose("config", [f"objective={objective}", "eval=bear", *extra])
         wide = compose("config", [f"objective={objective}", "eval.beam=50", *extra])
-    assert OmegaConf.to_container(cfg.objective, resolve=True)["beam"] == 10
-    assert OmegaConf.to_container(wide.objective, resolve=True)["beam"] == 50
+    assert OmegaConf.select(OmegaConf.create(OmegaConf.to_container(cfg.objective, resolve=True)), key) == 10
+    assert OmegaConf.select(OmegaConf.create(OmegaConf.to_container(wide.objective, resolve=True)), key) == 50
+

@@ -91,6 +91,40 @@ def test_evaluate_reproduces_test_metrics_and_reruns_other_beams(tmp_path):
 
 
 def test_evaluation_does_not_import_training_code():
-    code = "import sys, genrec.evaluate; print('genrec.train' in sys.modules)"
+    code = ("import sys, genrec.evaluate; "
+            "print(sorted(m for m in sys.modules if m in ('genrec.train', 'genrec.lit') or m.startswith('genrec.objectives')))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert out.stdout.strip() == "False", out.stderr[-2000:]
+    assert out.stdout.strip() == "[]", out.stderr[-2000:]
+
+
+def test_evaluate_sdpo_run_after_its_reference_run_moved(tmp_path):
+    """Evaluation builds data + model + evaluator only: S-DPO's reference (stage 1) is not needed."""
+    r = run(config(tmp_path, "objective=sdpo_2stage", "trainer.max_epochs=1"))
+    stage1 = tmp_path / "run" / "stage1"
+    assert (stage1 / "checkpoints" / "best.ckpt").exists()
+    stage1.rename(tmp_path / "moved")
+    from genrec.evaluate import evaluate
+
+    with initialize_config_dir(CONF, version_base="1.3"):
+        cfg = compose("evaluate", overrides=[f"ckpt={tmp_path}/run", "eval.beam=5", "eval.ks=[1,5]",
+                                             f"data_dir={tmp_path.parent}/data"])
+    got = evaluate(cfg)
+    assert {k: v for k, v in got.items() if k.startswith("test/") and k != "test/loss"} == pytest.approx(
+        {k: v for k, v in r.items() if k.startswith("test/") and k != "test/loss"}, rel=1e-5)
+
+
+def test_two_stage_pipeline_ce_then_any_objective(tmp_path):
+    """`+stage1=ce`: CE (composed conf/objective/ce.yaml) into <run dir>/stage1, then the run's objective
+    starts from its best checkpoint (init_from, saved in config.yaml). With a vanishing learning rate
+    stage 2 keeps stage 1's weights, so it ranks exactly as stage 1 does; from scratch it would not."""
+    r = run(config(tmp_path, "objective=apao_pointwise", "+stage1=ce", "trainer.max_epochs=1"))
+    stage1 = tmp_path / "run" / "stage1"
+    first = json.loads((stage1 / "metrics.json").read_text())
+    assert first["objective"] == "ce" and "genrec.objectives.ce.CE" in (stage1 / "config.yaml").read_text()
+    saved = (tmp_path / "run" / "config.yaml").read_text()
+    assert f"init_from: {stage1}" in saved and "stage1: ce" in saved
+    frozen = run(config(tmp_path / "b", "objective=apao_pointwise", f"init_from={stage1}", "trainer.max_epochs=1",
+                        "optim.lr=1e-12"))
+    ranks = [k for k in first if k.startswith(("test/recall@", "test/ndcg@"))]
+    assert {k: frozen[k] for k in ranks} == {k: first[k] for k in ranks}
+    assert {k: r[k] for k in ranks} != {k: first[k] for k in ranks}  # stage 2 did train

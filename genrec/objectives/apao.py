@@ -18,7 +18,8 @@ weights (detached):
   released   recomputed per batch: w_m ∝ L_m exp(eta L_m) (∝ L_m at eta = 0).
   uniform    1 / T.     hardmax    one-hot on argmax_m L_m.
 `drop_prefix` = m removes prefix length m from the sum (ablation). `bear` = {lam, xi, beam,
-widths} adds BEAR's regularizer on the positive (APAO + BEAR).
+widths} (genrec/objectives/bear.py's BearTerm; lam = 0: off) adds BEAR's regularizer on the
+positive (APAO + BEAR).
 Logged: apao/ce, apao/prefix (sum_m w_m L_m), apao/L{m}, apao/w{m}.
 """
 
@@ -31,7 +32,7 @@ import torch.distributed as dist
 
 from genrec.eval.trie import Trie
 from genrec.models.base import Backbone, token_logprobs
-from genrec.objectives import bear as bear_lib
+from genrec.objectives.bear import BearTerm, make_term
 from genrec.objectives.ce import CE
 from genrec.objectives.negatives import Negatives, make_negatives
 
@@ -81,7 +82,7 @@ class APAO(CE):
         mask_collisions: bool = True,
         drop_prefix: int | None = None,
         negatives: Negatives | dict | None = None,
-        bear: dict | None = None,
+        bear: BearTerm | dict | None = None,
         temperature: float = 1.0,
         end_token: bool = False,
     ) -> None:
@@ -97,7 +98,7 @@ class APAO(CE):
         self.prefix_temperature, self.num_negatives = prefix_temperature, num_negatives
         self.correction, self.mask_collisions, self.drop_prefix = correction, mask_collisions, drop_prefix
         self.negatives = make_negatives(negatives)
-        self.bear = dict(bear) if bear else None
+        self.bear = make_term(bear)
 
     def setup(self, ctx, backbone: Backbone) -> None:
         super().setup(ctx, backbone)
@@ -113,8 +114,7 @@ class APAO(CE):
         if self.loss != "pointwise":
             self.negatives.setup(ctx)
         if self.bear is not None:
-            b = self.bear
-            self.bear_widths = list(b.get("widths") or [b.get("beam") or ctx.eval_beam])
+            self.bear.setup(ctx.eval_beam)
 
     def on_epoch_start(self, epoch: int) -> None:
         self.negatives.set_epoch(epoch)
@@ -145,8 +145,7 @@ class APAO(CE):
             L = -(prefix_sums(s[:, :T]) / m).mean(0) / self.prefix_temperature
         else:
             enc = backbone.encode(batch["history"], batch["mask"])
-            negs = self.negatives.sample(batch, self.num_negatives, backbone, enc)  # [B, N]
-            tokens = torch.cat([target[:, None], self.negatives.cand_tokens.to(target.device)[negs]], 1)
+            negs, tokens = self.negatives.with_positive(batch, self.num_negatives, backbone, enc)  # [B, N], [B, 1 + N, T]
             if self.bear is None:  # log-probs without the [B, 1 + N, T(+1), V] logits
                 s = backbone.prefix_logprobs(enc, self.prefixes(tokens), self.scored(tokens), self.temperature)
             else:  # BEAR needs the positive's logits
@@ -171,9 +170,9 @@ class APAO(CE):
         terms.update({f"apao/w{k + 1}": w[k].detach() for k in range(T)})
         if self.bear is not None:
             logp = torch.log_softmax(pos_logits[:, :T].float() / self.temperature, -1)
-            delta = bear_lib.deltas(logp, target, trie.target_masks(target), self.bear_widths)
-            reg = bear_lib.regularizer(delta, self.bear.get("xi", 2.75)).mean()
-            loss = loss + self.bear.get("lam", 0.1) * reg / s.shape[-1]  # lam: the BEAR paper's (see bear.py)
+            delta = self.bear.deltas(logp, target, trie.target_masks(target))
+            reg = self.bear.regularizer(delta).mean()
+            loss = loss + self.bear.lam * reg / s.shape[-1]  # lam: the BEAR paper's (see bear.py)
             terms["apao/bear_reg"] = reg.detach()
-            terms.update(bear_lib.outside_terms(delta, self.bear_widths))
+            terms.update(self.bear.outside(delta))
         return loss, terms

@@ -15,6 +15,9 @@ Both give the token the gradient weight (const + sigmoid((s^t - log beta)/xi)) o
 with the same softmax (`masked=True`) they coincide for lam_reweight = lam_reg / xi.
 `widths` (beyond the papers) averages the term over several beam widths. The share of targets
 outside the top-B at each step is logged as `bear/out{t}@{B}`.
+
+`BearTerm` is the term itself ({lam, xi, beam, widths}: one config shape), used here and by APAO
+(`bear:`, on the positive) and S-DPO (`bear:`, +lam on the positive, -lam on the negatives).
 """
 
 from __future__ import annotations
@@ -54,6 +57,41 @@ def outside_terms(delta: torch.Tensor, widths: list[int]) -> dict[str, torch.Ten
     return {f"bear/out{t + 1}@{b}": out[i, t] for i, b in enumerate(widths) for t in range(out.shape[1])}
 
 
+class BearTerm:
+    """BEAR's term: lam * L_reg with xi, against the top-B of every width in `widths` (default: [beam],
+    beam null: the evaluation beam). `make_term` reads a config dict; lam = 0 turns it off."""
+
+    def __init__(self, lam: float = 0.1, xi: float = 2.75, beam: int | None = None,
+                 widths: list[int] | None = None) -> None:
+        self.lam, self.xi, self.beam = lam, xi, beam
+        self.widths = list(widths) if widths else None
+
+    def setup(self, eval_beam: int) -> None:
+        self.widths = self.widths or [self.beam or eval_beam]
+
+    def deltas(self, logp: torch.Tensor, tokens: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+        """Delta [W, ..., T] for step log-probs [..., T, V] of tokens [..., T] (allowed: their trie masks)."""
+        return deltas(logp, tokens, allowed, self.widths)
+
+    def regularizer(self, delta: torch.Tensor) -> torch.Tensor:
+        """L_reg [...] (without lam)."""
+        return regularizer(delta, self.xi)
+
+    def outside(self, delta: torch.Tensor) -> dict[str, torch.Tensor]:
+        return outside_terms(delta, self.widths)
+
+
+def make_term(cfg: BearTerm | dict | None) -> BearTerm | None:
+    """The term from a config dict ({lam, xi, beam, widths}; missing keys: BearTerm's defaults), an
+    instance, or None / lam = 0 (no term)."""
+    if cfg is None or isinstance(cfg, BearTerm):
+        return cfg
+    if not hasattr(cfg, "keys"):
+        raise ValueError(f"objective.bear={cfg!r}: null or {{lam, xi, beam, widths}} (lam: 0 = off)")
+    term = BearTerm(**cfg)
+    return term if term.lam else None
+
+
 class BEAR(CE):
     def __init__(
         self,
@@ -69,12 +107,12 @@ class BEAR(CE):
         super().__init__(temperature, end_token)
         if form not in ("regularizer", "reweight"):
             raise ValueError(f"unknown BEAR form {form!r}")
-        self.form, self.lam, self.xi, self.masked = form, lam, xi, masked
-        self.beam, self.widths = beam, list(widths) if widths else None
+        self.form, self.masked = form, masked
+        self.term = BearTerm(lam, xi, beam, widths)
 
     def setup(self, ctx, backbone: Backbone) -> None:
         super().setup(ctx, backbone)
-        self.widths = self.widths or [self.beam or ctx.eval_beam]
+        self.term.setup(ctx.eval_beam)
 
     def forward(self, batch: dict, backbone: Backbone, trie: Trie) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         target = batch["target"]
@@ -86,14 +124,15 @@ class BEAR(CE):
             z = z.masked_fill(~allowed, float("-inf"))
         logp = torch.log_softmax(z, -1)
         s = logp.gather(-1, self.scored(target)[..., None]).squeeze(-1)  # [B, T(+1)]
-        delta = deltas(logp[:, :T], target, allowed[:, :T], self.widths)  # [W, B, T]
-        terms = outside_terms(delta, self.widths)
+        term = self.term
+        delta = term.deltas(logp[:, :T], target, allowed[:, :T])  # [W, B, T]
+        terms = term.outside(delta)
         if self.form == "regularizer":
-            ce, reg = -s.mean(), regularizer(delta, self.xi).mean()
-            loss = ce + self.lam * reg / s.shape[-1]  # = (paper's L_SFT + lam L_reg) / n
+            ce, reg = -s.mean(), term.regularizer(delta).mean()
+            loss = ce + term.lam * reg / s.shape[-1]  # = (paper's L_SFT + lam L_reg) / n
             terms.update({"bear/ce": ce.detach(), "bear/reg": reg.detach()})
         else:
-            w = 1 + self.lam * torch.sigmoid(-delta.detach() / self.xi).mean(0)  # [B, T]
+            w = 1 + term.lam * torch.sigmoid(-delta.detach() / term.xi).mean(0)  # [B, T]
             multi = allowed[:, :T].sum(-1) > 1
             w = w * multi
             loss = -(w * s[:, :T]).sum() / w.sum().clamp(min=1e-12)

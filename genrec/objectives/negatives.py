@@ -109,6 +109,12 @@ class Negatives(nn.Module):
             return self.popularity(index, target, num)
         return self.hard(index, target, num, backbone, enc)
 
+    def with_positive(self, batch: dict, num: int, backbone: Backbone, enc: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """(negatives [B, num], tokens [B, 1 + num, T]: the target's first, then the negatives')."""
+        target = batch["target"]
+        negs = self.sample(batch, num, backbone, enc)
+        return negs, torch.cat([target[:, None], self.cand_tokens.to(target.device)[negs]], 1)
+
 
 def make_negatives(cfg: Negatives | dict | None) -> Negatives:
     """A sampler from a config dict (`kind`, `refresh_every`, ...), an instance, or None (uniform)."""

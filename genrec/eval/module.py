@@ -1,0 +1,82 @@
+"""The evaluation LightningModule: backbone + evaluator, no objective (what `genrec.evaluate`
+builds; `genrec.lit.GenRec` adds the objective and the training loop on top).
+
+Validation and test run the evaluator (constrained beam search, optionally full ranking) on every
+held-out example exactly once: each DDP rank evaluates its shard, the per-example rows are gathered,
+de-duplicated by example index and only then summarised.
+"""
+
+from __future__ import annotations
+
+import lightning as L
+import torch
+from hydra.utils import instantiate
+from omegaconf import DictConfig
+
+from genrec.data.semantic_ids import SemanticIds
+from genrec.eval.trie import Trie
+
+
+class EvalModule(L.LightningModule):
+    def __init__(self, cfg: DictConfig, sids: SemanticIds) -> None:
+        super().__init__()
+        self.cfg, self.sids = cfg, sids
+        T = sids.num_levels
+        self.backbone = instantiate(cfg.backbone, vocab_size=sids.vocab_size,
+                                    max_positions=cfg.dataset.max_history * T + T + 2)
+        self.evaluator = instantiate(cfg.eval)
+        self._trie = Trie(sids)
+        self._rows: list[dict] = []
+        self.last_metrics: dict[str, dict] = {}
+
+    @property
+    def trie(self) -> Trie:
+        if self._trie.offsets.device != self.device:
+            self._trie = Trie(self.sids, self.device)
+        return self._trie
+
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        self._rows.append(self.evaluator.per_example(self.backbone, self.trie, batch))
+
+    def test_step(self, batch: dict, batch_idx: int) -> None:
+        self._rows.append(self.evaluator.per_example(self.backbone, self.trie, batch))
+
+    def _gather_rows(self) -> dict[str, torch.Tensor]:
+        rows = {k: torch.cat([r[k] for r in self._rows]) for k in self._rows[0]} if self._rows else {}
+        self._rows = []
+        if self.trainer.world_size > 1:
+            n = int(self.all_gather(torch.tensor(len(rows["index"]), device=self.device)).max())
+            padded = {}
+            for k, v in rows.items():
+                v = v.long() if v.dtype == torch.bool else v  # gloo gathers no bools
+                pad = torch.full((n - len(v), *v.shape[1:]), -1, dtype=v.dtype, device=v.device)
+                padded[k] = self.all_gather(torch.cat([v, pad])).flatten(0, 1)
+                padded[k] = padded[k].bool() if rows[k].dtype == torch.bool else padded[k]
+            keep = padded["index"] >= 0
+            rows = {k: v[keep] for k, v in padded.items()}
+        _, first = unique_first(rows["index"])
+        return {k: v[first].cpu() for k, v in rows.items()}
+
+    def _eval_epoch_end(self, prefix: str) -> dict[str, float]:
+        rows = self._gather_rows()
+        metrics = self.evaluator.summarize(rows)
+        metrics["users"] = float(len(rows["index"]))
+        # Every rank holds the same gathered rows, so no further reduction is needed.
+        self.log_dict({f"{prefix}/{k}": float(v) for k, v in metrics.items()}, sync_dist=False)
+        self.last_metrics[prefix] = metrics
+        return metrics
+
+    def on_validation_epoch_end(self) -> None:
+        self._eval_epoch_end("val")
+
+    def on_test_epoch_end(self) -> None:
+        self._eval_epoch_end("test")
+
+
+def unique_first(index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Unique values of `index` and the position of each one's first occurrence."""
+    uniq, inv = torch.unique(index, return_inverse=True)
+    pos = torch.arange(len(index), device=index.device)
+    first = torch.full((len(uniq),), len(index), dtype=torch.long, device=index.device).scatter_reduce(
+        0, inv, pos, reduce="amin")
+    return uniq, first
