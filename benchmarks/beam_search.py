@@ -21,6 +21,7 @@ last line printed is one JSON object.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import resource
@@ -90,13 +91,19 @@ def ours(model, trie, history, mask, beam, batch):
     return torch.cat([r.cands for r in res]), torch.cat([r.scores for r in res])
 
 
+@functools.cache
+def hf_of(model):
+    """HF's model with the backbone's weights (TIGER: a copy, `to_hf`; Llama: the wrapped one)."""
+    return model.to_hf().eval() if hasattr(model, "to_hf") else model.hf
+
+
 @torch.no_grad()
 def floor(model, name, history, mask, batch):
     for sl in batches(len(history), batch):
         if name == "tiger":
-            model.hf.encoder(input_ids=history[sl], attention_mask=mask[sl])
+            hf_of(model).encoder(input_ids=history[sl], attention_mask=mask[sl])
         else:
-            model.hf(input_ids=history[sl], attention_mask=mask[sl], use_cache=True, logits_to_keep=1)
+            hf_of(model)(input_ids=history[sl], attention_mask=mask[sl], use_cache=True, logits_to_keep=1)
 
 
 @torch.no_grad()
@@ -116,7 +123,7 @@ def hf_generate(model, name, sids, trie, history, mask, beam, batch):
 
     out = []
     for sl in batches(len(history), batch):
-        gen = model.hf.generate(
+        gen = hf_of(model).generate(
             input_ids=history[sl],
             attention_mask=mask[sl],
             num_beams=beam,

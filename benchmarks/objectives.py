@@ -59,7 +59,7 @@ def child(args) -> None:
     peak is the objective's peak RSS), then passes over the batches until `--min-seconds` have
     gone by, each batch's fastest pass counting. Prints one JSON line."""
     torch.set_num_threads(args.threads)
-    keep = {"tiger": "backbone.lean_users=null", "llama": "backbone.remat_users=null"}[args.backbone]
+    keep = "backbone.memory=none"
     overrides = [o.format(N=args.negatives, KEEP=keep) for o in OBJECTIVES[args.child]]
     cfg, data, dm = office([f"backbone={args.backbone}", *overrides], args.batch_size)
     batches = epoch_batches(dm, args.batches)

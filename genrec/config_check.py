@@ -76,9 +76,9 @@ CHECKS: dict[str, tuple[Check, str]] = {
     "backbone.num_kv_heads": POSITIVE,
     "backbone.intermediate_size": POSITIVE,
     "backbone.dropout": number(ge=0, lt=1),
-    "backbone.lean_users": or_null(POSITIVE),
-    "backbone.lean_under_autocast": or_null(BOOL),
-    "backbone.remat_users": or_null(POSITIVE),
+    "backbone.memory": one_of("manual", "checkpoint", "none"),  # Llama: checkpoint | none
+    "backbone.memory_users": or_null(POSITIVE),
+    "backbone.memory_under_autocast": or_null(BOOL),
     "objective.loss": one_of("pointwise", "pairwise", "pairwise_printed"),  # pairwise_printed: formerly listwise
     "objective.weights": one_of("paper", "released", "uniform", "hardmax"),
     "objective.form": one_of("regularizer", "reweight"),

@@ -1,4 +1,4 @@
-"""Tiger and Llama against the HF models they wrap, and their cached paths against brute force."""
+"""Tiger and Llama against HF's T5 / Llama, and their cached paths against brute force."""
 
 from pathlib import Path
 
@@ -9,6 +9,7 @@ from omegaconf import OmegaConf
 from toy import random_batch, random_sids
 
 from genrec.models.base import BOS, Backbone
+from genrec.models.tiger import Tiger
 
 CONF = Path(__file__).parents[1] / "conf" / "backbone"
 SIDS = random_sids(60, [6, 5, 4])
@@ -28,15 +29,21 @@ def batch(n: int = 5, seed: int = 0) -> dict:
     return random_batch(SIDS, n, hist_items=4, seed=seed)
 
 
-def hf_logits(model: Backbone, history, mask, prefix) -> torch.Tensor:
-    """The wrapped HF model's own forward: logits [B, m + 1, V] after each prefix [B, m] token."""
-    if hasattr(model.hf, "encoder"):  # T5
+def reference(model: Backbone):
+    """HF's model with the backbone's weights: Tiger's `to_hf` (a copy), Llama's wrapped one."""
+    return model.to_hf() if isinstance(model, Tiger) else model.hf
+
+
+def hf_logits(model: Backbone, history, mask, prefix, ref=None) -> torch.Tensor:
+    """HF's own forward (`reference`): logits [B, m + 1, V] after each prefix [B, m] token."""
+    ref = reference(model) if ref is None else ref
+    if isinstance(model, Tiger):
         bos = torch.full((len(prefix), 1), BOS)
         dec = torch.cat([bos, prefix], 1)
-        return model.hf(input_ids=history, attention_mask=mask.long(), decoder_input_ids=dec).logits
+        return ref(input_ids=history, attention_mask=mask.long(), decoder_input_ids=dec).logits
     am = torch.cat([mask, torch.ones_like(prefix, dtype=torch.bool)], 1).long()
     pos = (am.cumsum(-1) - 1).masked_fill(am == 0, 1)
-    out = model.hf(input_ids=torch.cat([history, prefix], 1), attention_mask=am, position_ids=pos).logits
+    out = ref(input_ids=torch.cat([history, prefix], 1), attention_mask=am, position_ids=pos).logits
     return out[:, history.shape[1] - 1 :]
 
 
@@ -135,14 +142,19 @@ def test_gradients_match_hf(name):
     prefix = random_prefix(5, 3, 2, seed=2)
     w = torch.randn(5, 3, 3, V, dtype=torch.float64)
 
-    def grads(loss):
-        model.zero_grad()
-        loss.backward()
-        return {n: p.grad.clone() for n, p in model.named_parameters()}
+    hf = reference(model)
+    names = model.hf_names() if name == "tiger" else {n: n.removeprefix("hf.") for n, _ in model.named_parameters()}
 
-    ours = grads((model.prefix_logits(model.encode(b["history"], b["mask"]), prefix) * w).sum())
-    ref = torch.stack([hf_logits(model, b["history"], b["mask"], prefix[:, n]) for n in range(3)], 1)
-    theirs = grads((ref * w).sum())
+    def grads(loss, module):
+        module.zero_grad()
+        loss.backward()
+        return dict(module.named_parameters())
+
+    ours = {n: p.grad.clone() for n, p in grads(
+        (model.prefix_logits(model.encode(b["history"], b["mask"]), prefix) * w).sum(), model).items()}
+    ref = torch.stack([hf_logits(model, b["history"], b["mask"], prefix[:, n], hf) for n in range(3)], 1)
+    hf_params = grads((ref * w).sum(), hf)
+    theirs = {n: hf_params[names[n]].grad for n in names}
     for n, g in ours.items():
         assert torch.isfinite(g).all() and g.abs().sum() > 0, n
         torch.testing.assert_close(g, theirs[n], atol=1e-5, rtol=1e-5, msg=n)
@@ -166,22 +178,22 @@ def test_train_mode_forward_and_backward(name):
     assert logits.shape == (5, 2, V) and torch.isfinite(logits).all()
 
 
-@pytest.mark.parametrize("name, knob, dropout, N, m, users", [
-    ("tiger", "lean_users", 0.3, 6, 2, 5), ("tiger", "lean_users", 0.3, 2, 3, 5), ("tiger", "lean_users", 0.0, 4, 1, 2),
-    ("llama", "remat_users", 0.3, 4, 2, 5), ("llama", "remat_users", 0.0, 4, 2, 2)])
-def test_memory_saving_candidate_paths_match_autograd(name, knob, dropout, N, m, users):
-    """TIGER's candidate blocks with the hand-written backward (`lean_users`) and Llama's candidate
-    layers recomputed in backward (`remat_users`) give the logits and every parameter gradient of
+@pytest.mark.parametrize("name, memory, dropout, N, m, users", [
+    ("tiger", "manual", 0.3, 6, 2, 5), ("tiger", "manual", 0.3, 2, 3, 5), ("tiger", "manual", 0.0, 4, 1, 2),
+    ("tiger", "checkpoint", 0.3, 6, 2, 5), ("llama", "checkpoint", 0.3, 4, 2, 5), ("llama", "checkpoint", 0.0, 4, 2, 2)])
+def test_memory_saving_candidate_paths_match_autograd(name, memory, dropout, N, m, users):
+    """TIGER's candidate blocks with the hand-written backward (`memory=manual`), and TIGER's and
+    Llama's candidate layers recomputed in backward (`checkpoint`), give the logits and every parameter gradient of
     autograd keeping every activation: with dropout (the same draws) for one call on all 5 users,
     and for calls on 2, 2, 1 users (each call draws its own masks, so p = 0). T5's norms take their
     variance in float32, hence the float32-level tolerance on gradients."""
 
     def run(saving):
-        model, b = make(name, dropout=dropout, **{knob: users}), batch()
+        model, b = make(name, dropout=dropout, memory=memory, memory_users=users), batch()
         model.train()
         torch.manual_seed(1)
         enc = model.encode(b["history"], b["mask"])  # the same encoder path in both runs: the same draws
-        setattr(model, knob, users if saving else None)
+        model.memory = memory if saving else "none"
         out = model.prefix_logits(enc, random_prefix(5, N, m, seed=3))
         (out * torch.randn(out.shape, generator=torch.Generator().manual_seed(2), dtype=out.dtype)).sum().backward()
         return out.detach(), {n: p.grad for n, p in model.named_parameters()}
@@ -221,13 +233,15 @@ def test_tiger_encoder_block_gradcheck_with_dropout(monkeypatch):
     assert torch.autograd.gradcheck(block, (x, bias, *weights))
 
 
-def test_tiger_lean_encoder_matches_hf():
-    """The training encoder (`EncoderBlock`s) equals HF's T5 encoder at dropout 0 in training mode:
-    the encoding and every encoder parameter's gradient (HF back-propagates through the norms'
-    float32 variance, hence the float32-level tolerance on gradients)."""
+@pytest.mark.parametrize("memory", ["manual", "checkpoint"])
+def test_tiger_memory_saving_encoder_matches_autograd(memory):
+    """The training encoder (`EncoderBlock`s, or checkpointed blocks) equals autograd through the
+    `Block`s at dropout 0 in training mode: the encoding and every encoder parameter's gradient
+    (autograd back-propagates through the norms' float32 variance, hence the float32-level
+    tolerance on gradients)."""
 
     def run(lean):
-        model, b = make("tiger", dropout=0.0, lean_users=(4 if lean else None)), batch()
+        model, b = make("tiger", dropout=0.0, memory=(memory if lean else "none")), batch()
         model.train()
         enc = model.encode(b["history"], b["mask"])
         w = torch.randn(enc.cross_kv.shape, generator=torch.Generator().manual_seed(2), dtype=enc.cross_kv.dtype)
@@ -246,23 +260,22 @@ def test_tiger_training_cross_attention_matches_sdpa(monkeypatch):
     with every dropout keeping everything it must equal the eval path (SDPA). (The autograd
     path: `CandidateBlock` is compared with it above.)"""
     import genrec.models.dropout as dropout_module
+    import genrec.models.t5_block as block_module
     import genrec.models.tiger as tiger_module
 
-    model, b = make("tiger", dropout=0.3, lean_users=None), batch()
+    model, b = make("tiger", dropout=0.3, memory="none"), batch()
     prefix = random_prefix(5, 6, 2, seed=3)
     evaluated = model.prefix_logits(model.encode(b["history"], b["mask"]), prefix)
     keep_all = lambda x, p, training=True: x  # noqa: E731
     monkeypatch.setattr(dropout_module, "dropout", keep_all)
     monkeypatch.setattr(tiger_module, "dropout", keep_all)
-    for m in model.modules():
-        if hasattr(m, "relative_attention_num_buckets"):  # HF T5Attention: its attention-prob dropout
-            m.dropout = 0.0
+    monkeypatch.setattr(block_module, "dropout", keep_all)
     model.train()
     out = model.prefix_logits(model.encode(b["history"], b["mask"]), prefix)
     torch.testing.assert_close(out, evaluated, atol=1e-10, rtol=0)
 
 
-@pytest.mark.parametrize("name, over", [("tiger", {}), ("tiger", {"lean_users": 2}), ("llama", {})])
+@pytest.mark.parametrize("name, over", [("tiger", {}), ("tiger", {"memory_users": 2}), ("llama", {})])
 @pytest.mark.parametrize("m", [0, 2])
 def test_prefix_logprobs_equal_log_softmax_of_prefix_logits(name, over, m):
     """The backbones' own `prefix_logprobs` (no logits tensor) against log_softmax + gather of
@@ -291,3 +304,37 @@ def test_prefix_logprobs_equal_log_softmax_of_prefix_logits(name, over, m):
     assert grads.keys() == ref_grads.keys()
     for n, g in ref_grads.items():
         torch.testing.assert_close(grads[n], g, atol=1e-9 * max(g.abs().max().item(), 1), rtol=0, msg=n)
+
+
+def test_tiger_loads_an_hf_t5_and_gives_its_logits():
+    """`Tiger.from_hf` on an HF T5 (its own random init, 2 + 3 layers): the same logits as HF's
+    forward (eval, float64), and `to_hf` gives back HF's state dict."""
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    torch.manual_seed(3)
+    cfg = T5Config(vocab_size=V, d_model=16, num_layers=2, num_decoder_layers=3, d_ff=24, d_kv=8, num_heads=2,
+                   relative_attention_num_buckets=8, relative_attention_max_distance=20, decoder_start_token_id=BOS)
+    t5 = T5ForConditionalGeneration(cfg).double().eval()
+    model, b = Tiger.from_hf(t5).eval(), batch()
+    prefix = random_prefix(5, 1, 3, seed=2)[:, 0]
+    dec = torch.cat([torch.full((5, 1), BOS), prefix], 1)
+    ref = t5(input_ids=b["history"], attention_mask=b["mask"].long(), decoder_input_ids=dec).logits
+    ours = model.prefix_logits(model.encode(b["history"], b["mask"]), prefix[:, None])[:, 0]
+    torch.testing.assert_close(ours, ref, atol=1e-12, rtol=0)
+    back = model.to_hf().state_dict()
+    for k, v in t5.state_dict().items():
+        assert torch.equal(back[k], v), k
+
+
+def test_tiger_loads_checkpoints_with_hf_names():
+    """A state dict saved when Tiger wrapped HF's T5 (`hf.<HF name>`) loads into the same weights."""
+    model = make("tiger")
+    old = {"hf." + hf: model.state_dict()[ours] for ours, hf in model.hf_names().items()}
+    old["hf.lm_head.weight"] = old["hf.shared.weight"]  # tied copies were saved too
+    fresh = make("tiger", dropout=0.2)
+    with torch.no_grad():
+        for p in fresh.parameters():
+            p.zero_()
+    fresh.load_state_dict(old)
+    for k, v in model.state_dict().items():
+        assert torch.equal(fresh.state_dict()[k], v), k

@@ -65,7 +65,7 @@ BAD = [  # (overrides, the one line after "error: ")
      "trainer.monitor_mode=max: val/objective_loss is minimised (use min)"),
     (["trainer.monitor=val/full/recall@10"],
      "trainer.monitor=val/full/recall@10: logged only with eval.full_rank=true"),
-    (["backbone.lean_under_autocast=1"], "backbone.lean_under_autocast=1: true or false, or null"),
+    (["backbone.memory_under_autocast=1"], "backbone.memory_under_autocast=1: true or false, or null"),
     (["trainer.clip_on=both"], "trainer.clip_on=both: one of mean, sum"),
     (["trainer.val_users=0"], "trainer.val_users=0: an integer >= 1, or null"),
 ]

@@ -69,7 +69,7 @@ def test_beam_and_full_rank_scores_under_bf16_autocast_are_not_coarsened(name):
     cfg = OmegaConf.load(CONF / "backbone" / f"{name}_tiny.yaml")
     model = instantiate(cfg, vocab_size=sids.vocab_size, max_positions=64).eval()
     with torch.no_grad():  # a spread of logits like a trained model's
-        w = model.hf.lm_head.weight  # (Llama ties it to the embeddings; pad rows are zero)
+        w = model.embed.weight if name == "tiger" else model.hf.lm_head.weight  # tied to the embeddings; pad rows are zero
         w.mul_(30 / w.norm(dim=1, keepdim=True).clamp(min=1e-6))
     b, trie = random_batch(sids, 8, hist_items=3), Trie(sids)
 
@@ -154,7 +154,7 @@ def test_hash32_mixes_python_int_keys_on_the_host_to_the_same_values():
 def test_tiger_memory_saving_blocks_run_under_bf16_autocast(monkeypatch):
     """Under bf16-mixed the hand-written blocks stay on (in float32, autocast off inside): logits
     and gradients as float32 training gives, to bf16's resolution elsewhere in the network. (GPU
-    default; on CPU they are used under autocast only when asked: `lean_under_autocast`.)"""
+    default; on CPU they are used under autocast only when asked: `memory_under_autocast`.)"""
     from genrec.models import tiger_backward
 
     calls = []
@@ -167,7 +167,8 @@ def test_tiger_memory_saving_blocks_run_under_bf16_autocast(monkeypatch):
     def fit_step(bf16: bool, lean: int | None):
         torch.manual_seed(0)
         model = instantiate(OmegaConf.load(CONF / "backbone" / "tiger_tiny.yaml"), vocab_size=sids.vocab_size,
-                            max_positions=64, dropout=0.0, lean_users=lean, lean_under_autocast=True).train()
+                            max_positions=64, dropout=0.0, memory="manual" if lean else "none", memory_users=lean,
+                            memory_under_autocast=True).train()
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             out = model.prefix_logprobs(model.encode(b["history"], b["mask"]), prefix, torch.cat(
                 [prefix, prefix[..., :1]], -1))

@@ -62,13 +62,21 @@ class Llama(Backbone):
         tie_embeddings: bool = True,
         dropout: float = 0.0,
         rms_norm_eps: float = 1e-6,
-        remat_users: int | None = 16,
+        memory: str = "checkpoint",
+        memory_users: int | None = 16,
+        **legacy,
     ) -> None:
-        """`remat_users`: training on N > 1 candidates per user (pairwise APAO, S-DPO) runs this
-        many users at a time and keeps only each layer's input, recomputing its activations in
-        backward (one more candidate forward; Office, N = 100, batch 128: peak RSS 13.9 GB ->
-        see README); null keeps them."""
+        """`memory`: `checkpoint`: training on N > 1 candidates per user (pairwise APAO, S-DPO) runs
+        `memory_users` users at a time and keeps only each layer's input, recomputing its
+        activations in backward (one more candidate forward; Office, N = 100, batch 128: peak RSS
+        13.9 GB -> see README); `none` keeps them. `legacy`: `remat_users` of configs saved before
+        `memory` (null: none; n: checkpoint on n users)."""
         super().__init__()
+        if "remat_users" in legacy:
+            n = legacy.pop("remat_users")
+            memory, memory_users = ("checkpoint", n) if n else ("none", memory_users)
+        if legacy or memory not in ("checkpoint", "none"):
+            raise ValueError(f"Llama: backbone.memory={memory} (checkpoint or none); unknown keys {sorted(legacy)}")
         self.vocab_size = vocab_size
         config = LlamaConfig(
             vocab_size=vocab_size,
@@ -87,7 +95,8 @@ class Llama(Backbone):
             eos_token_id=EOS,
         )
         self.hf = LlamaForCausalLM(config)
-        self.n_rep, self.head_dim, self.remat_users = num_heads // num_kv_heads, config.head_dim, remat_users
+        self.n_rep, self.head_dim = num_heads // num_kv_heads, config.head_dim
+        self.memory, self.memory_users = memory, memory_users
 
     def _heads(self, x: Tensor) -> Tensor:
         """[..., S, h * d] -> [..., h, S, d]."""
@@ -155,13 +164,13 @@ class Llama(Backbone):
 
     def _remat(self, tokens: Tensor) -> bool:
         """Recompute the candidates' layer activations in backward (training on N > 1 candidates)?"""
-        return bool(self.remat_users) and tokens.shape[1] > 1 and self.training and torch.is_grad_enabled()
+        return self.memory == "checkpoint" and tokens.shape[1] > 1 and self.training and torch.is_grad_enabled()
 
     def _prefix_states(self, enc: LlamaEncoding, prefix: Tensor) -> Tensor:
         """Final hidden states [B, N, m, D] of the N prefixes [B, N, m] after the shared history."""
-        if self._remat(prefix) and len(prefix) > self.remat_users:  # a group of users at a time
-            return torch.cat([self._prefix_states(e, p) for e, p in zip(enc.split(self.remat_users),
-                                                                         prefix.split(self.remat_users))])
+        users = self.memory_users
+        if self._remat(prefix) and users and len(prefix) > users:  # a group of users at a time
+            return torch.cat([self._prefix_states(e, p) for e, p in zip(enc.split(users), prefix.split(users))])
         m = prefix.shape[-1]
         pos = enc.length[:, None, None] + torch.arange(m, device=prefix.device)
         causal = torch.ones(m, m, dtype=torch.bool, device=prefix.device).tril()

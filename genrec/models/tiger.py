@@ -1,21 +1,23 @@
 """TIGER: a T5 encoder-decoder over SID tokens (built from config, never downloaded).
 
-The HF model is kept as `self.hf` (so `self.hf.generate` runs on the same weights). The
-encoder is HF's own (in training, the same math in `EncoderBlock`s); the decoder is re-written
-here on HF's modules so that the N target prefixes of a user share that user's encoding: each
-decoder layer's cross-attention keys/values are projected once per user in `encode`, and all
-N * (m + 1) decoder positions (or all K beams) of a user are the queries of one attention call
-against them. The
-self-attention is causal within each candidate (beam) and carries T5's relative position
-bias. Decoder input = bos + prefix. The math (and dropout placement) follows
-`transformers.models.t5.modeling_t5`; tests check it against `self.hf(...)`. Dropout is
-`genrec.models.dropout` (1-byte masks on CPU). Training on N > 1 candidates (pairwise APAO,
-S-DPO) runs each decoder block as `genrec.models.tiger_backward.CandidateBlock`, and every
-training encoder pass its blocks as `EncoderBlock`: hand-written backward passes that keep
-~6-8 KB per position and layer instead of autograd's ~28 KB.
+Both stacks are `genrec.models.t5_block.Block`s (the T5 layer math, once). HF's T5 is the
+reference: `Tiger.from_hf` / `to_hf` convert weights both ways (the tests compare logits), and a
+new Tiger draws its initial weights by building HF's T5 with the same config (so a seed gives the
+weights it always gave). The decoder lets the N target prefixes of a user share that user's
+encoding: each decoder layer's cross-attention keys/values are projected once per user in
+`encode`, and all N * (m + 1) decoder positions (or all K beams) of a user are the queries of one
+attention call against them. The self-attention is causal within each candidate (beam) and
+carries T5's relative position bias. Decoder input = bos + prefix. Dropout is
+`genrec.models.dropout` (1-byte masks on CPU).
 
-`step` (beam search) is a separate one-position path. `encode` projects every layer's
-cross-attention K/V with one matmul; `start` fuses each layer's self-attention q/k/v
+Memory in training (`memory`): `manual` runs every training encoder block, and on N > 1
+candidates per user (pairwise APAO, S-DPO) every decoder block, through the hand-written backward
+passes of `genrec.models.tiger_backward` (~6-8 KB per position and layer instead of autograd's ~28
+KB; same math and dropout draws); `checkpoint` recomputes those blocks in backward
+(`torch.utils.checkpoint`); `none` keeps autograd's activations.
+
+`step` (beam search) is a one-position path through the same blocks. `encode` projects every
+layer's cross-attention K/V with one matmul; `start` fuses each layer's self-attention q/k/v
 weights. The self-attention cache is never copied or re-ordered: each step stores its
 beams' K/V once, and each beam keeps the index of its ancestor among every earlier step's
 beams. With few beams in a step (beam search), a beam's query meets all of them in one
@@ -29,12 +31,14 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 from transformers import T5Config, T5ForConditionalGeneration
 
 from genrec.models.base import BOS, EOS, PAD, Backbone
-from genrec.models.dropout import dropout, replace_dropout
+from genrec.models.dropout import dropout
 from genrec.models.head import float_logits, head_logprobs
+from genrec.models.t5_block import Attend, Attention, Block, Norm, RelativeBias
 from genrec.models.tiger_backward import CandidateBlock, EncoderBlock
 
 
@@ -82,111 +86,161 @@ class Tiger(Backbone):
         num_buckets: int = 32,
         max_distance: int = 128,
         feed_forward_proj: str = "relu",
-        lean_users: int | None = 16,
-        lean_under_autocast: bool | None = None,
+        memory: str = "manual",
+        memory_users: int | None = 16,
+        memory_under_autocast: bool | None = None,
+        init_from_hf: bool = True,
+        **legacy,
     ) -> None:
         """`max_positions` is accepted for the common backbone signature; T5 positions are relative.
-        `lean_users`: training (also under bf16-mixed: these blocks compute in float32) runs the
-        encoder blocks and, on N > 1 candidates per user (pairwise APAO, S-DPO), the decoder blocks
-        with hand-written backward passes (`genrec.models.tiger_backward`: about a quarter of
-        autograd's activation memory), the candidate blocks on this many users per call (bounding
-        the temporaries); null: autograd through the HF modules. `lean_under_autocast`: use them
-        under autocast too; None: on accelerators only (memory is their limit), not under CPU
-        autocast, where bf16 autograd is faster than these float32 blocks (Office, batch 256, one
-        core: 203 vs 161 samples per CPU second; float32: 104) and memory rarely the limit."""
+        `memory` (see the module docstring): how training saves activation memory, `manual` also
+        under bf16-mixed (these blocks compute in float32). `memory_users`: users per decoder
+        call of the saving path on N > 1 candidates (bounds the temporaries). `memory_under_autocast`:
+        save under autocast too; None: on accelerators only (memory is their limit), not under CPU
+        autocast, where bf16 autograd is faster than the float32 manual blocks (Office, batch 256,
+        one core: 203 vs 161 samples per CPU second; float32: 104) and memory rarely the limit.
+        `init_from_hf`: draw the initial weights as HF's T5 does (False: leave them uninitialised,
+        for `from_hf`). `legacy`: `lean_users` / `lean_under_autocast` of configs saved before
+        `memory` (lean_users null: none; n: manual on n users)."""
         super().__init__()
-        self.vocab_size = vocab_size
-        self.max_positions = max_positions
-        config = T5Config(
-            vocab_size=vocab_size,
-            d_model=d_model,
-            num_layers=num_layers,
-            num_decoder_layers=num_decoder_layers,
-            d_ff=d_ff,
-            d_kv=d_kv,
-            num_heads=num_heads,
-            dropout_rate=dropout,
-            relative_attention_num_buckets=num_buckets,
-            relative_attention_max_distance=max_distance,
-            feed_forward_proj=feed_forward_proj,
-            pad_token_id=PAD,
-            eos_token_id=EOS,
-            decoder_start_token_id=BOS,
-        )
-        self.hf = T5ForConditionalGeneration(config)
-        replace_dropout(self.hf)
-        self.n_heads, self.d_kv, self.lean_users = num_heads, d_kv, lean_users
-        self.lean_under_autocast = lean_under_autocast
+        if "lean_users" in legacy:
+            n = legacy.pop("lean_users")
+            memory, memory_users = ("manual", n) if n else ("none", memory_users)
+        memory_under_autocast = legacy.pop("lean_under_autocast", memory_under_autocast)
+        if legacy:
+            raise TypeError(f"Tiger: unknown arguments {sorted(legacy)}")
+        if feed_forward_proj != "relu":
+            raise ValueError(f"backbone.feed_forward_proj={feed_forward_proj}: only relu (T5 v1.0) is implemented")
+        if memory not in ("manual", "checkpoint", "none"):
+            raise ValueError(f"backbone.memory={memory}: manual, checkpoint or none")
+        self.vocab_size, self.max_positions, self.p = vocab_size, max_positions, dropout
+        self.memory, self.memory_users, self.memory_under_autocast = memory, memory_users, memory_under_autocast
+        self.t5_config = T5Config(
+            vocab_size=vocab_size, d_model=d_model, num_layers=num_layers, num_decoder_layers=num_decoder_layers,
+            d_ff=d_ff, d_kv=d_kv, num_heads=num_heads, dropout_rate=dropout, relative_attention_num_buckets=num_buckets,
+            relative_attention_max_distance=max_distance, feed_forward_proj=feed_forward_proj, pad_token_id=PAD,
+            eos_token_id=EOS, decoder_start_token_id=BOS)
+        hf = T5ForConditionalGeneration(self.t5_config) if init_from_hf else None  # HF's init draws, in HF's order
+        with torch.device("meta"):  # no RNG draws, no memory: the weights come from `hf` or `from_hf`
+            self.embed = nn.Embedding(vocab_size, d_model)  # shared by both stacks and the (tied) head
+            block = dict(d_model=d_model, num_heads=num_heads, d_kv=d_kv, d_ff=d_ff, p=dropout)
+            self.encoder = nn.ModuleList(
+                [Block(**block, bias=RelativeBias(num_heads, num_buckets, max_distance, True) if i == 0 else None)
+                 for i in range(num_layers)])
+            self.encoder_norm = Norm(d_model)
+            self.decoder = nn.ModuleList(
+                [Block(**block, cross=True, bias=RelativeBias(num_heads, num_buckets, max_distance, False)
+                       if i == 0 else None) for i in range(num_decoder_layers)])
+            self.decoder_norm = Norm(d_model)
+        self.to_empty(device="cpu")
+        if hf is not None:
+            self.load_state_dict(self._from_hf_state(hf.state_dict()))
+        self.n_heads, self.d_kv, self.head_scale = num_heads, d_kv, d_model**-0.5  # T5 rescales before the tied head
+        self._register_load_state_dict_pre_hook(self._upgrade_state)
 
+    # --- HF's T5 <-> Tiger -------------------------------------------------------------------------------------
+    def hf_names(self) -> dict[str, str]:
+        """Each of our parameter names -> HF's T5ForConditionalGeneration name."""
+        names = {"embed.weight": "shared.weight", "encoder_norm.weight": "encoder.final_layer_norm.weight",
+                 "decoder_norm.weight": "decoder.final_layer_norm.weight"}
+        for stack in ("encoder", "decoder"):
+            for i, blk in enumerate(getattr(self, stack)):
+                ours, hf = f"{stack}.{i}.", f"{stack}.block.{i}.layer."
+                ff = "2" if stack == "decoder" else "1"
+                names[ours + "attn_norm.weight"] = hf + "0.layer_norm.weight"
+                names[ours + "ff_norm.weight"] = hf + ff + ".layer_norm.weight"
+                for w in ("wi", "wo"):
+                    names[ours + f"ff.{w}.weight"] = hf + f"{ff}.DenseReluDense.{w}.weight"
+                for w in "qkvo":
+                    names[ours + f"attn.{w}.weight"] = hf + f"0.SelfAttention.{w}.weight"
+                    if stack == "decoder":
+                        names[ours + f"cross.{w}.weight"] = hf + f"1.EncDecAttention.{w}.weight"
+                if stack == "decoder":
+                    names[ours + "cross_norm.weight"] = hf + "1.layer_norm.weight"
+                if i == 0:
+                    names[ours + "attn.bias.relative_attention_bias.weight"] = \
+                        hf + "0.SelfAttention.relative_attention_bias.weight"
+        return names
+
+    def _from_hf_state(self, state: dict, prefix: str = "") -> dict:
+        return {ours: state[prefix + hf] for ours, hf in self.hf_names().items()}
+
+    def _upgrade_state(self, state: dict, prefix: str, *args) -> None:
+        """Checkpoints written before genrec owned the T5 block hold HF's names under `hf.`: rename them."""
+        if prefix + "hf.shared.weight" in state:
+            for ours, hf in self.hf_names().items():
+                state[prefix + ours] = state[prefix + "hf." + hf]
+            for key in [k for k in state if k.startswith(prefix + "hf.")]:
+                del state[key]
+
+    @classmethod
+    def from_hf(cls, t5: T5ForConditionalGeneration, max_positions: int = 0, **kwargs) -> Tiger:
+        """A Tiger with the weights of HF's T5 (tied head, ReLU feed-forward, T5 v1.0 layout)."""
+        c = t5.config
+        if not c.tie_word_embeddings or c.feed_forward_proj != "relu":
+            raise ValueError("Tiger.from_hf: only T5 with tied embeddings and a ReLU feed-forward (T5 v1.0)")
+        model = cls(c.vocab_size, max_positions, c.d_model, c.num_layers, c.num_decoder_layers, c.d_ff, c.d_kv,
+                    c.num_heads, c.dropout_rate, c.relative_attention_num_buckets, c.relative_attention_max_distance,
+                    init_from_hf=False, **kwargs)
+        model.load_state_dict(model._from_hf_state(t5.state_dict()))
+        return model.to(t5.dtype)
+
+    def to_hf(self) -> T5ForConditionalGeneration:
+        """HF's T5 with these weights (generate, reference logits, export)."""
+        t5 = T5ForConditionalGeneration(self.t5_config)
+        state = self.state_dict()
+        t5.load_state_dict({hf: state[ours] for ours, hf in self.hf_names().items()}, strict=False)
+        return t5.to(self.embed.weight).train(self.training)
+
+    # --- shared pieces -----------------------------------------------------------------------------------------
     def _heads(self, x: Tensor) -> Tensor:
         """[..., S, H * d] -> [..., H, S, d]."""
         return x.unflatten(-1, (self.n_heads, self.d_kv)).transpose(-2, -3)
 
     def _dropout(self, x: Tensor) -> Tensor:
-        return dropout(x, self.hf.config.dropout_rate, self.training)
+        return dropout(x, self.p, self.training)
 
-    def _lean(self) -> bool:
-        """Train through the hand-written block backward (`genrec.models.tiger_backward`)?"""
-        device = self.hf.shared.weight.device.type
-        if torch.is_autocast_enabled(device) and not (
-                device != "cpu" if self.lean_under_autocast is None else self.lean_under_autocast):
-            return False
-        return bool(self.lean_users and self.training and torch.is_grad_enabled()
-                    and self.hf.config.feed_forward_proj == "relu")
+    def _saving(self) -> str:
+        """The memory saving in effect: `self.memory` when training with gradients, else "none"."""
+        device = self.embed.weight.device.type
+        if not (self.training and torch.is_grad_enabled()) or (torch.is_autocast_enabled(device) and not (
+                device != "cpu" if self.memory_under_autocast is None else self.memory_under_autocast)):
+            return "none"
+        return self.memory
 
     def encode(self, history: Tensor, mask: Tensor) -> TigerEncoding:
-        mask = mask.bool()
-        if self._lean():
-            states = self._lean_encoder(history, mask)
+        mask, L = mask.bool(), history.shape[1]
+        x = self._dropout(self.embed(history))
+        bias = self.encoder[0].attn.bias(L, device=x.device)[None]  # [1, H, L, L]
+        saving = self._saving()
+        if saving == "manual":
+            bias = bias.to(x.dtype)
+            with torch.autocast(x.device.type, enabled=False):  # see `_decode`
+                for blk in self.encoder:
+                    x = EncoderBlock.apply(x, bias, mask, self.p, blk.attn_norm.eps, *blk.weights())
         else:
-            states = self.hf.encoder(input_ids=history, attention_mask=mask).last_hidden_state
-        cross = [blk.layer[1].EncDecAttention for blk in self.hf.decoder.block]
-        w = torch.cat([torch.cat([a.k.weight, a.v.weight]) for a in cross])  # all layers' K, V: one matmul
-        kv = F.linear(states, w).unflatten(-1, (len(cross), 2, self.n_heads, self.d_kv))  # [B, L, layers, 2, H, d]
+            for blk in self.encoder:
+                attend = blk.plain_attention(bias, mask)
+                x = checkpoint(blk, x, attend, use_reentrant=False) if saving == "checkpoint" else blk(x, attend)
+        states = self._dropout(self.encoder_norm(x))
+        w = torch.cat([blk.cross_kv_weight() for blk in self.decoder])  # all layers' K, V: one matmul
+        kv = F.linear(states, w).unflatten(-1, (len(self.decoder), 2, self.n_heads, self.d_kv))  # [B, L, layers, 2, H, d]
         return TigerEncoding(mask, states, kv.permute(2, 3, 0, 4, 1, 5))
-
-    def _lean_encoder(self, history: Tensor, mask: Tensor) -> Tensor:
-        """HF's T5 encoder forward, its blocks as `EncoderBlock`s."""
-        enc, L = self.hf.encoder, history.shape[1]
-        x = self._dropout(enc.embed_tokens(history))
-        bias = enc.block[0].layer[0].SelfAttention.compute_bias(L, L, device=x.device).to(x.dtype)  # [1, H, L, L]
-        with torch.autocast(x.device.type, enabled=False):  # see `_decode`
-            for blk in enc.block:
-                eps = blk.layer[0].layer_norm.variance_epsilon
-                x = EncoderBlock.apply(x, bias, mask, self.hf.config.dropout_rate, eps, *self._block_weights(blk))
-        return self._dropout(enc.final_layer_norm(x))
 
     def _self_bias(self, past: int, S: int, like: Tensor) -> Tensor:
         """Relative position bias + causal mask for S new positions after `past`: [H, S, past + S]."""
-        att = self.hf.decoder.block[0].layer[0].SelfAttention
-        bias = att.compute_bias(S, past + S, device=like.device, past_seen_tokens=past)[0].to(like.dtype)
+        bias = self.decoder[0].attn.bias(S, past, device=like.device).to(like.dtype)
         future = torch.arange(past + S, device=like.device) > past + torch.arange(S, device=like.device)[:, None]
         return bias.masked_fill(future, float("-inf"))
 
-    def _cross_ff(self, blk, x: Tensor, enc: TigerEncoding, i: int) -> Tensor:
-        """Cross-attention then feed-forward of decoder block `blk` (layer i) for x [B, R, D]:
-        the R positions of a user are the queries of one attention call."""
-        _, ca, ff = blk.layer
-        h, att = ca.layer_norm(x), ca.EncDecAttention
-        q, (ck, cv) = self._heads(att.q(h)), enc.cross_kv[i]
-        if self.training and self.hf.config.dropout_rate > 0:  # explicit, for the 1-byte dropout mask
-            s = (q @ ck.transpose(-1, -2)).masked_fill(~enc.mask[:, None, None], float("-inf"))
-            y = self._dropout(s.softmax(-1)) @ cv
-        else:
-            y = F.scaled_dot_product_attention(q, ck, cv, attn_mask=enc.mask[:, None, None], scale=1.0)
-        x = x + self._dropout(att.o(y.transpose(1, 2).flatten(-2)))
-        return ff(x)  # T5LayerFF: norm, wi, act, dropout, wo, dropout, residual
-
     def _head_input(self, x: Tensor) -> Tensor:
-        """The lm_head's input for decoder states x: final norm, dropout, T5's rescaling."""
-        x = self._dropout(self.hf.decoder.final_layer_norm(x))
-        if self.hf.config.scale_decoder_outputs:  # tied embeddings: T5 rescales before lm_head
-            x = x * self.hf.config.d_model**-0.5
-        return x
+        """The head's input for decoder states x: final norm, dropout, T5's rescaling (tied embeddings)."""
+        return self._dropout(self.decoder_norm(x)) * self.head_scale
 
+    # --- teacher forcing and candidate scoring -------------------------------------------------------------------
     def prefix_logits(self, enc: TigerEncoding, prefix: Tensor) -> Tensor:
         B, N, m = prefix.shape
-        z = self.hf.lm_head(self._decode(enc, prefix))  # [B, 1 + N m, V]
+        z = F.linear(self._decode(enc, prefix), self.embed.weight)  # [B, 1 + N m, V]
         return torch.cat([z[:, :1, None].expand(B, N, 1, -1), z[:, 1:].view(B, N, m, z.shape[-1])], 2)
 
     def prefix_logprobs(self, enc: TigerEncoding, prefix: Tensor, tokens: Tensor, temperature: float = 1.0) -> Tensor:
@@ -196,64 +250,55 @@ class Tiger(Backbone):
         R = h.shape[1]
         pos = torch.cat([prefix.new_zeros(N, 1), 1 + torch.arange(N * m, device=prefix.device).view(N, m)], 1)
         rows = torch.arange(B, device=prefix.device)[:, None, None] * R + pos  # [B, N, m + 1]
-        return head_logprobs(h.flatten(0, 1), self.hf.lm_head.weight, rows, tokens, temperature)
+        return head_logprobs(h.flatten(0, 1), self.embed.weight, rows, tokens, temperature)
 
     def _decode(self, enc: TigerEncoding, prefix: Tensor) -> Tensor:
-        """The lm_head's inputs [B, 1 + N m, D] for bos + prefix [B, N, m]: per user the bos row,
+        """The head's inputs [B, 1 + N m, D] for bos + prefix [B, N, m]: per user the bos row,
         then candidate n's position j at row 1 + n m + j. The bos position is the same for all N
         candidates of a user, so it is decoded once per user and its key/value shared by the
         candidates' self-attention (a quarter fewer decoder positions at T = 4)."""
         B, N, m = prefix.shape
-        x0 = self._dropout(self.hf.decoder.embed_tokens(prefix.new_full((B, 1, 1), BOS)))  # [B, 1, 1, D]
-        x = self._dropout(self.hf.decoder.embed_tokens(prefix))  # [B, N, m, D]
+        x0 = self._dropout(self.embed(prefix.new_full((B, 1, 1), BOS)))  # [B, 1, 1, D]
+        x = self._dropout(self.embed(prefix))  # [B, N, m, D]
         bias = self._self_bias(0, m + 1, x)  # [H, m + 1, m + 1]
         z = torch.cat([x0.reshape(B, 1, -1), x.reshape(B, N * m, x.shape[-1])], 1)
-        if N > 1 and m > 0 and self._lean():
+        saving = self._saving() if N > 1 and m > 0 else "none"
+        if saving == "manual":
             # The hand-written blocks compute in the parameters' dtype with autocast off (under
             # bf16-mixed too: their backward runs outside autocast, so forward must not run in bf16).
-            p, users = self.hf.config.dropout_rate, self.lean_users
-            for i, blk in enumerate(self.hf.decoder.block):
-                w, eps, (ck, cv) = self._block_weights(blk), blk.layer[0].layer_norm.variance_epsilon, enc.cross_kv[i]
+            users = self.memory_users or B
+            for i, blk in enumerate(self.decoder):
+                w, (ck, cv) = blk.weights(), enc.cross_kv[i]
                 ck, cv = ck.to(z.dtype), cv.to(z.dtype)  # bf16 from the encoder's autocast projection
                 with torch.autocast(z.device.type, enabled=False):
-                    z = torch.cat([CandidateBlock.apply(*g, bias, p, eps, *w) for g in
+                    z = torch.cat([CandidateBlock.apply(*g, bias, self.p, blk.attn_norm.eps, *w) for g in
                                    zip(z.split(users), ck.split(users), cv.split(users), enc.mask.split(users))])
         else:
-            for i, blk in enumerate(self.hf.decoder.block):
-                z = self._candidate_block(blk, i, enc, bias, z, N, m)
+            for i, blk in enumerate(self.decoder):
+                args = (z, self._candidate_attention(blk, bias, N, m), enc.cross_kv[i], enc.mask)
+                z = checkpoint(blk, *args, use_reentrant=False) if saving == "checkpoint" else blk(*args)
         return self._head_input(z)
 
-    @staticmethod
-    def _block_weights(blk) -> list[Tensor]:
-        """A block's weights in `EncoderBlock`'s / `CandidateBlock`'s order (a decoder block also
-        has its cross-attention's, between the self-attention's and the feed-forward's)."""
-        sa, *cross, ff = blk.layer
-        att = sa.SelfAttention
-        weights = [sa.layer_norm.weight, torch.cat([att.q.weight, att.k.weight, att.v.weight]), att.o.weight]
-        for ca in cross:
-            weights += [ca.layer_norm.weight, ca.EncDecAttention.q.weight, ca.EncDecAttention.o.weight]
-        return weights + [ff.layer_norm.weight, ff.DenseReluDense.wi.weight, ff.DenseReluDense.wo.weight]
+    def _candidate_attention(self, blk: Block, bias: Tensor, N: int, m: int) -> Attend:
+        """Self-attention over rows [B, 1 + N m, D] (the shared bos, then the candidates' positions):
+        bos attends to itself; prefix position j to bos and to its own candidate's positions <= j."""
+        def attend(att: Attention, h: Tensor) -> Tensor:
+            B, _, D = h.shape
+            h0, h = h[:, :1, None], h[:, 1:].view(B, N, m, D)
+            q0, k0, v0 = (att.heads(f(h0)) for f in (att.q, att.k, att.v))  # [B, 1, H, 1, d]
+            q, k, v = (att.heads(f(h)) for f in (att.q, att.k, att.v))  # [B, N, H, m, d]
+            y0 = blk.drop((q0 @ k0.transpose(-1, -2) + bias[:, :1, :1]).softmax(-1)) @ v0  # T5: no 1/sqrt(d)
+            s = torch.cat([(q * k0).sum(-1, keepdim=True), q @ k.transpose(-1, -2)], -1) + bias[:, 1:]
+            a = blk.drop(s.softmax(-1))
+            y = a[..., :1] * v0 + a[..., 1:] @ v
+            y0 = blk.drop(att.o(y0.transpose(-2, -3).flatten(-2))).reshape(B, 1, D)
+            return torch.cat([y0, blk.drop(att.o(y.transpose(-2, -3).flatten(-2))).reshape(B, N * m, D)], 1)
+        return attend
 
-    def _candidate_block(self, blk, i: int, enc: TigerEncoding, bias: Tensor, z: Tensor, N: int, m: int) -> Tensor:
-        """Decoder layer i (autograd) for rows z [B, 1 + N m, D]: the shared bos, then the candidates' positions."""
-        B, _, D = z.shape
-        sa, att = blk.layer[0], blk.layer[0].SelfAttention
-        h = sa.layer_norm(z)
-        h0, h = h[:, :1, None], h[:, 1:].view(B, N, m, D)
-        q0, k0, v0 = (self._heads(f(h0)) for f in (att.q, att.k, att.v))  # [B, 1, H, 1, d]
-        q, k, v = (self._heads(f(h)) for f in (att.q, att.k, att.v))  # [B, N, H, m, d]
-        # bos attends to itself; prefix position j to bos and to its own row's positions <= j (T5: no 1/sqrt(d))
-        y0 = self._dropout((q0 @ k0.transpose(-1, -2) + bias[:, :1, :1]).softmax(-1)) @ v0
-        s = torch.cat([(q * k0).sum(-1, keepdim=True), q @ k.transpose(-1, -2)], -1) + bias[:, 1:]
-        a = self._dropout(s.softmax(-1))
-        y = a[..., :1] * v0 + a[..., 1:] @ v
-        x0 = z[:, :1] + self._dropout(att.o(y0.transpose(-2, -3).flatten(-2))).reshape(B, 1, D)
-        x = z[:, 1:] + self._dropout(att.o(y.transpose(-2, -3).flatten(-2))).reshape(B, N * m, D)
-        return self._cross_ff(blk, torch.cat([x0, x], 1), enc, i)
-
+    # --- beam search -------------------------------------------------------------------------------------------
     def start(self, enc: TigerEncoding) -> TigerState:
-        atts = [blk.layer[0].SelfAttention for blk in self.hf.decoder.block]
-        return TigerState(enc, [torch.cat([a.q.weight, a.k.weight, a.v.weight]) for a in atts], [], None)
+        return TigerState(enc, [torch.cat([b.attn.q.weight, b.attn.k.weight, b.attn.v.weight]) for b in self.decoder],
+                          [], None)
 
     def step(self, state: TigerState, tokens: Tensor | None, parents: Tensor | None) -> tuple[Tensor, TigerState]:
         """One new position for K beams; `state` is never modified (it may be stepped again)."""
@@ -264,18 +309,25 @@ class Tiger(Backbone):
         here = torch.arange(K, device=tokens.device).expand(1, B, K)
         anc = here if t == 0 else torch.cat([state.anc.gather(2, parents.expand(t, -1, -1)), here])  # [t + 1, B, K]
         idx = anc[..., None, :, None].expand(-1, -1, H, -1, 1)  # [t + 1, B, H, K, 1]
-        x = self._dropout(self.hf.decoder.embed_tokens(tokens))  # [B, K, D]
+        x = self._dropout(self.embed(tokens))  # [B, K, D]
         kv = x.new_empty(len(state.qkv), 2, B, H, K, d)  # this step's self-attention K, V, all layers
         cache = [*state.cache, kv]
         bias = self._self_bias(t, 1, x)  # [H, 1, t + 1]
-        for i, (blk, wqkv) in enumerate(zip(self.hf.decoder.block, state.qkv)):
-            sa = blk.layer[0]
-            qkv = F.linear(sa.layer_norm(x), wqkv).view(B, K, 3, H, d)
+        for i, (blk, wqkv) in enumerate(zip(self.decoder, state.qkv)):
+            x = blk(x, self._beam_attention(blk, wqkv, i, kv, cache, idx, bias), enc.cross_kv[i], enc.mask)
+        return float_logits(self._head_input(x), self.embed.weight), TigerState(enc, state.qkv, cache, anc)
+
+    def _beam_attention(self, blk: Block, wqkv: Tensor, i: int, kv: Tensor, cache: list[Tensor], idx: Tensor,
+                        bias: Tensor) -> Attend:
+        """Self-attention of K beams' new positions [B, K, D] over their ancestors' cached K/V (layer i);
+        stores this step's K/V in kv[i]."""
+        def attend(att: Attention, h: Tensor) -> Tensor:
+            B, K, _ = h.shape
+            qkv = F.linear(h, wqkv).view(B, K, 3, self.n_heads, self.d_kv)
             kv[i] = qkv[:, :, 1:].permute(2, 0, 3, 1, 4)
             q = qkv[:, :, 0].transpose(1, 2).contiguous()  # [B, H, K, d]
             w = torch.cat([_dots(q, c[i, 0], j) for c, j in zip(cache, idx)], -1)  # T5: no 1/sqrt(d)
-            p = self._dropout((w + bias).softmax(-1))  # [B, H, K, t + 1]
+            p = blk.drop((w + bias).softmax(-1))  # [B, H, K, t + 1]
             y = sum(_mix(p[..., s : s + 1], c[i, 1], j) for s, (c, j) in enumerate(zip(cache, idx)))  # [B, H, K, d]
-            x = x + self._dropout(sa.SelfAttention.o(y.transpose(1, 2).flatten(-2)))
-            x = self._cross_ff(blk, x, enc, i)
-        return float_logits(self._head_input(x), self.hf.lm_head.weight), TigerState(enc, state.qkv, cache, anc)
+            return blk.drop(att.o(y.transpose(1, 2).flatten(-2)))
+        return attend
