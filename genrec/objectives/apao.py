@@ -69,6 +69,18 @@ def _process_mean(x: torch.Tensor) -> torch.Tensor:
 
 
 class APAO(CE):
+    order = 4
+    ablations = {"weights": "paper", "negatives.kind": "uniform", "drop_prefix": None}
+    axes = (("beta", "eta"), ("bear.lam", "bear.xi"))
+    LOSSES = ("pointwise", "pairwise", "pairwise_printed")
+
+    @classmethod
+    def report_row(cls, cfg: dict) -> tuple[float, str]:
+        """"APAO-pointwise", "APAO-pairwise+BEAR", ...: one row per loss, pointwise first."""
+        loss = cfg.get("loss", "pairwise")
+        order = cls.order + (cls.LOSSES.index(loss) / 10 if loss in cls.LOSSES else 0.9)
+        return order + (0.05 if cfg.get("bear") else 0), f"APAO-{loss}" + ("+BEAR" if cfg.get("bear") else "")
+
     def __init__(
         self,
         loss: str = "pairwise",

@@ -55,6 +55,10 @@ def outside_terms(delta: torch.Tensor, widths: list[int]) -> dict[str, torch.Ten
 
 
 class BEAR(CE):
+    order = 3
+    ablations = {"form": "reweight", "widths": None}
+    axes = (("lam", "xi"),)
+
     def __init__(
         self,
         form: str = "regularizer",

@@ -57,6 +57,14 @@ def load_backbone_state(path: str | Path) -> dict[str, torch.Tensor]:
 
 
 class SDPO(Objective):
+    label, order = "S-DPO", 2
+    ablations = {"negatives.kind": "uniform"}
+    axes = (("lam", "xi"),)
+
+    @classmethod
+    def report_row(cls, cfg: dict) -> tuple[float, str]:
+        return (2.5, "S-DPO+BEAR") if cfg.get("bear") else (cls.order, cls.label)
+
     def __init__(
         self,
         ref_ckpt: str | None = None,
