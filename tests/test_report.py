@@ -274,6 +274,16 @@ def test_labels_variants_and_ablations():
     assert rep.objective_label({"_target_": "genrec.objectives.apao.APAO", "loss": "pairwise", "weights": "uniform",
                                 "bear": {"lam": 0.1}}) == "APAO-pairwise+BEAR (weights=uniform)"
     assert rep.objective_label({"_target_": "genrec.objectives.msl.MSL"}) == "MSL"
+    assert rep.objective_label({"_target_": "genrec.objectives.gone.Renamed", "x": 1}) == "Renamed"  # not importable
+
+
+def test_pruning_rate_column_bolds_the_lowest(grid):
+    """PR@k is minimised: its best cell per backbone block is the lowest mean (CE's in the fake grid)."""
+    root, _, _ = grid
+    s = rep.report([root / "multirun"], root / "pr", ["pruning_rate@10", "recall@10"])
+    best = {(c["backbone"], c["dataset"], c["metric"]): c["objective"] for c in s["cells"] if c["best"]}
+    assert len(best) == 8 and all(lab == "CE" for (_, _, m), lab in best.items() if m == "pruning_rate@10")
+    assert all(lab != "CE" for (_, _, m), lab in best.items() if m == "recall@10")
 
 
 def test_real_runs_then_report_cli(tmp_path):

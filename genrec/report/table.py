@@ -1,5 +1,5 @@
 """The table: one cell per (backbone, objective, dataset, metric), mean ± std over seeds, gain over the
-baseline row, best mean per backbone block; optional reference numbers (a paper's) as extra columns.
+baseline row, best mean per backbone block (the lowest for a pruning rate); optional reference numbers (a paper's) as extra columns.
 Written as table.md / table.tex / table.csv (wide, as shown) and cells.csv (long, numeric)."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from genrec.eval.metrics import lower_is_better
 from genrec.report.load import BACKBONE_NAMES
 from genrec.report.select import Cell, Variant
 from genrec.runs import write_text
@@ -37,7 +38,8 @@ def cells(chosen: dict[Cell, Variant], order: dict[str, float], metrics: list[st
     df["failed"] = [[str(r.path) for r in v.pending if r.status == "failed"] if v else [] for v in variants]
     df["status"] = [_status(v, n) for v, n in zip(variants, df.n)]
     df["gain"] = gain(df, "mean", baseline)
-    df["best"] = df["mean"].notna() & (df["mean"] == df.groupby(["backbone", "dataset", "metric"])["mean"].transform("max"))
+    signed = df["mean"] * df["metric"].map(lambda m: -1.0 if lower_is_better(m) else 1.0)  # PR@k: lowest is best
+    df["best"] = signed.notna() & (signed == signed.groupby([df.backbone, df.dataset, df.metric]).transform("max"))
     if paper:
         df["paper"] = [paper.get(d, {}).get(b, {}).get(lab, {}).get(m) for b, lab, d, m in df[KEYS].itertuples(index=False)]
         df["paper"] = df["paper"].astype(float)
