@@ -143,10 +143,10 @@ def test_markdown_latex_csv_written_and_parseable(grid):
 
     md = (out / "table.md").read_text().strip().splitlines()
     table = [[x.strip() for x in line.strip("|").split("|")] for line in md]
-    assert table[0] == ["Backbone", "Objective"] + [f"{d} {m}" for d, m in cols] and len(table) == 2 + len(rows)
+    assert table[0] == ["Backbone", "Objective", "Seeds"] + [f"{d} {m}" for d, m in cols] and len(table) == 2 + len(rows)
     for (bb, lab), line in zip(rows, table[2:]):
-        assert line[:2] == [rep.BACKBONE_NAMES[bb], lab]
-        for (d, m), text in zip(cols, line[2:]):
+        assert line[:3] == [rep.BACKBONE_NAMES[bb], lab, "2"]
+        for (d, m), text in zip(cols, line[3:]):
             e = exp[(bb, lab, d, m)]
             if e["mean"] is None:
                 assert text == "failed"
@@ -158,7 +158,7 @@ def test_markdown_latex_csv_written_and_parseable(grid):
 
     with (out / "table.csv").open() as f:
         wide = list(csv.reader(f))
-    assert [r[2:] for r in wide[1:]] == [[x.replace("**", "") for x in r[2:]] for r in table[2:]]
+    assert wide[0] == table[0] and [r for r in wide[1:]] == [[x.replace("**", "") for x in r] for r in table[2:]]
     with (out / "cells.csv").open() as f:
         long = list(csv.DictReader(f))
     assert len(long) == len(rows) * len(cols)
@@ -169,8 +169,8 @@ def test_markdown_latex_csv_written_and_parseable(grid):
 
     tex = (out / "table.tex").read_text()
     body = [ln for ln in tex.splitlines() if ln.endswith(r"\\")]
-    assert tex.startswith(r"\begin{tabular}{ll" + "r" * len(cols) + "}") and tex.strip().endswith(r"\end{tabular}")
-    assert all(ln.count("&") == len(cols) + 1 for ln in body[1:])  # body[0] is the multicolumn dataset row
+    assert tex.startswith(r"\begin{tabular}{lll" + "r" * len(cols) + "}") and tex.strip().endswith(r"\end{tabular}")
+    assert all(ln.count("&") == len(cols) + 2 for ln in body[1:])  # body[0] is the multicolumn dataset row
     assert tex.count(r"\textbf{") == sum(e["best"] for e in exp.values()) and r"$\pm$" in tex and r"\%" in tex
     assert tex.count(r"\midrule") == 2  # header rule + between the backbone blocks
 
@@ -274,6 +274,16 @@ def test_labels_variants_and_ablations():
     assert rep.objective_label({"_target_": "genrec.objectives.apao.APAO", "loss": "pairwise", "weights": "uniform",
                                 "bear": {"lam": 0.1}}) == "APAO-pairwise+BEAR (weights=uniform)"
     assert rep.objective_label({"_target_": "genrec.objectives.msl.MSL"}) == "MSL"
+    assert rep.objective_label({"_target_": "genrec.objectives.gone.Renamed", "x": 1}) == "Renamed"  # not importable
+
+
+def test_pruning_rate_column_bolds_the_lowest(grid):
+    """PR@k is minimised: its best cell per backbone block is the lowest mean (CE's in the fake grid)."""
+    root, _, _ = grid
+    s = rep.report([root / "multirun"], root / "pr", ["pruning_rate@10", "recall@10"])
+    best = {(c["backbone"], c["dataset"], c["metric"]): c["objective"] for c in s["cells"] if c["best"]}
+    assert len(best) == 8 and all(lab == "CE" for (_, _, m), lab in best.items() if m == "pruning_rate@10")
+    assert all(lab != "CE" for (_, _, m), lab in best.items() if m == "recall@10")
 
 
 def test_real_runs_then_report_cli(tmp_path):
@@ -304,7 +314,8 @@ def test_real_runs_then_report_cli(tmp_path):
     assert s["runs"] == {"ok": 2, "failed": 0, "running": 0} and [r["backbone"] for r in s["rows"]] == ["tiger"] * 2
     assert {"prefix_recall_synthetic_tiger.png", "training_curves_synthetic_tiger.png",
             "apao_weights_synthetic_tiger_APAO-pairwise.png"} <= set(s["files"])
-    assert "| TIGER | CE |" in proc.stdout and (out / "table.tex").exists()
+    shown = [[x.strip() for x in ln.strip("|").split("|")] for ln in proc.stdout.splitlines() if ln.startswith("|")]
+    assert shown[2][:3] == ["TIGER", "CE", "1"] and (out / "table.tex").exists()
     bad = subprocess.run([sys.executable, "-m", "genrec.report", f"runs=[{tmp_path / 'nothing'}]",
                           f"out={tmp_path / 'empty'}"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "no run dirs" in bad.stderr
@@ -326,3 +337,52 @@ def test_sweep_monitored_on_a_loss_selects_the_lowest(tmp_path):
     s = rep.report([tmp_path], tmp_path / "by_ndcg", ["recall@10"], select="val/ndcg@10")  # maximised
     sel = next(x for x in s["selected"] if x["objective"] == "APAO-pointwise")
     assert sel["objective_params"]["objective.beta"] == 0.3
+
+
+def test_paper_reference_columns_and_gains(tmp_path):
+    """`paper=` reference numbers: a "paper <metric>" column per metric that has one, its gain over the
+    reference's own CE row; our cells unchanged; a malformed file is refused naming the file and key."""
+    for obj in ("ce", "pointwise"):
+        for seed in (1, 2):
+            write_run(tmp_path / "runs" / f"{obj}{seed}", "office", "tiger", OBJECTIVES[obj], seed,
+                      fake_metrics("beauty", "tiger", obj, seed))
+    ref = {"office": {"tiger": {"CE": {"recall@10": 0.0608}, "APAO-pointwise": {"recall@10": 0.0667},
+                                "APAO-pairwise": {"recall@10": 0.0671}}}}
+    (tmp_path / "paper.yaml").write_text(yaml.safe_dump(ref))
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "genrec.report", f"runs=[{tmp_path / 'runs'}]", f"out={out}",
+                           "metrics=[recall@10,ndcg@10]", f"paper={tmp_path / 'paper.yaml'}"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    md = [[x.strip() for x in ln.strip("|").split("|")] for ln in (out / "table.md").read_text().splitlines()]
+    assert md[0] == ["Backbone", "Objective", "Seeds", "office recall@10", "office ndcg@10", "office paper recall@10"]
+    ours = {lab: [value("beauty", "tiger", obj, s, "recall@10") for s in (1, 2)]
+            for obj, lab in (("ce", "CE"), ("pointwise", "APAO-pointwise"))}
+    mean = {lab: sum(v) / 2 for lab, v in ours.items()}
+    assert md[2][:3] == ["TIGER", "CE", "2"] and md[2][5] == "0.0608"
+    assert md[3][:2] == ["TIGER", "APAO-pointwise"] and md[3][5] == f"0.0667 ({(0.0667 / 0.0608 - 1) * 100:+.2f}%)"
+    assert md[3][3].endswith(f"({(mean['APAO-pointwise'] / mean['CE'] - 1) * 100:+.2f}%)") and len(md) == 4
+    with (out / "cells.csv").open() as f:
+        long = {(r["objective"], r["metric"]): r for r in csv.DictReader(f)}
+    assert float(long[("APAO-pointwise", "recall@10")]["paper"]) == 0.0667
+    assert float(long[("APAO-pointwise", "recall@10")]["paper_gain"]) == pytest.approx((0.0667 / 0.0608 - 1) * 100)
+    assert long[("CE", "ndcg@10")]["paper"] == "" and long[("CE", "recall@10")]["paper_gain"] == ""
+    assert r"\multicolumn{3}{c}{office}" in (out / "table.tex").read_text()
+
+    (tmp_path / "bad.yaml").write_text("office:\n  tiger:\n    CE: {recall@10: high}\n")
+    bad = subprocess.run([sys.executable, "-m", "genrec.report", f"runs=[{tmp_path / 'runs'}]",
+                          f"out={tmp_path / 'out2'}", f"paper={tmp_path / 'bad.yaml'}"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode != 0 and f"paper={tmp_path / 'bad.yaml'}" in bad.stderr
+    assert "office.tiger.CE.recall@10" in bad.stderr and [p.name for p in (tmp_path / "out2").iterdir()] == ["report.log"]
+
+
+def test_seed_count_column_shows_a_range_when_cells_differ(tmp_path):
+    """3 seeds report recall@10, one of them lacks ndcg@10: the row's seed count reads "2–3"."""
+    for seed in (1, 2, 3):
+        m = {"test/recall@10": 0.1 * seed, **({"test/ndcg@10": 0.05} if seed < 3 else {})}
+        write_run(tmp_path / f"s{seed}", "beauty", "tiger", OBJECTIVES["ce"], seed, m)
+    s = rep.report([tmp_path], tmp_path / "out", ["recall@10", "ndcg@10"])
+    md = [[x.strip() for x in ln.strip("|").split("|")] for ln in (tmp_path / "out" / "table.md").read_text().splitlines()]
+    assert md[2][:3] == ["TIGER", "CE", "2–3"]
+    assert [c["n"] for c in s["cells"]] == [3, 2]

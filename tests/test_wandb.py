@@ -173,8 +173,8 @@ def test_report_logs_the_paper_table_and_plots_as_one_wandb_run(sweep, tmp_path)
     assert run["exit_code"] == 0 and run["config"]["metrics"] == ["recall@5", "ndcg@5"]
     # paper_table: the Table-1 layout, as report's table.csv shows it.
     table = run["tables"]["paper_table"]
-    assert table["columns"] == ["Backbone", "Objective", "synthetic recall@5", "synthetic ndcg@5"]
-    rows = {r[1]: r[2:] for r in table["data"]}
+    assert table["columns"] == ["Backbone", "Objective", "Seeds", "synthetic recall@5", "synthetic ndcg@5"]
+    rows = {r[1]: r[3:] for r in table["data"]}
     assert set(rows) == {"CE", "MSL", "APAO-pointwise"} and {r[0] for r in table["data"]} == {"tiger_tiny"}
     results = [json.loads((j / "metrics.json").read_text()) for j in sweep.iterdir() if j.is_dir()]
     by_objective = {m["objective"]: m for m in results}

@@ -32,7 +32,7 @@ import torch.distributed as dist
 
 from genrec.eval.trie import Trie
 from genrec.models.base import Backbone, token_logprobs
-from genrec.objectives.bear import BearTerm, make_term
+from genrec.objectives.bear import BearTerm, make_term, term_on
 from genrec.objectives.ce import CE
 from genrec.objectives.negatives import Negatives, make_negatives
 
@@ -70,6 +70,19 @@ def _process_mean(x: torch.Tensor) -> torch.Tensor:
 
 
 class APAO(CE):
+    order = 4
+    ablations = {"weights": "paper", "negatives.kind": "uniform", "drop_prefix": None}
+    axes = (("beta", "eta"), ("bear.lam", "bear.xi"))
+    LOSSES = ("pointwise", "pairwise", "pairwise_printed")
+
+    @classmethod
+    def report_row(cls, cfg: dict) -> tuple[float, str]:
+        """"APAO-pointwise", "APAO-pairwise+BEAR", ...: one row per loss, pointwise first."""
+        loss = cfg.get("loss", "pairwise")
+        order = cls.order + (cls.LOSSES.index(loss) / 10 if loss in cls.LOSSES else 0.9)
+        bear = term_on(cfg.get("bear"))
+        return order + (0.05 if bear else 0), f"APAO-{loss}" + ("+BEAR" if bear else "")
+
     def __init__(
         self,
         loss: str = "pairwise",

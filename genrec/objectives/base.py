@@ -17,6 +17,7 @@ file here with a subclass, one YAML under `conf/objective/` with its `_target_`.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -39,6 +40,17 @@ class TrainContext:
 
 
 class Objective(nn.Module):
+    # How `genrec.report` shows runs of this objective (it imports the class a run's objective._target_ names):
+    label: ClassVar[str] = ""  # the table row's name; "" = the class name
+    order: ClassVar[float] = 100.0  # rows sort by (order, label)
+    ablations: ClassVar[dict[str, Any]] = {}  # config key -> default: another value gets its own row "label (key=value)"
+    axes: ClassVar[tuple[tuple[str, str], ...]] = ()  # (rows, cols) of a sweep's heatmap when both keys vary
+
+    @classmethod
+    def report_row(cls, cfg: dict) -> tuple[float, str]:
+        """(order, label) of a run with objective config `cfg` in the report's table."""
+        return cls.order, cls.label or cls.__name__
+
     def setup(self, ctx: TrainContext, backbone: Backbone) -> None:
         """Called once before training (and before a checkpoint is restored)."""
         self.ctx = ctx

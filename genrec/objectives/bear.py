@@ -92,7 +92,16 @@ def make_term(cfg: BearTerm | dict | None) -> BearTerm | None:
     return term if term.lam else None
 
 
+def term_on(cfg) -> bool:
+    """Whether a saved `objective.bear` value adds the term (older runs: S-DPO `true`, APAO `null`)."""
+    return cfg is True or hasattr(cfg, "keys") and make_term(dict(cfg)) is not None
+
+
 class BEAR(CE):
+    order = 3
+    ablations = {"form": "reweight", "widths": None}
+    axes = (("lam", "xi"),)
+
     def __init__(
         self,
         form: str = "regularizer",

@@ -16,6 +16,8 @@ from genrec.objectives.base import Objective
 
 
 class CE(Objective):
+    order = 0
+
     def __init__(self, temperature: float = 1.0, end_token: bool = False) -> None:
         super().__init__()
         self.temperature = temperature

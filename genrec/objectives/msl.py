@@ -23,6 +23,8 @@ def allowed_masks(trie: Trie, target: torch.Tensor, end_token: bool = False) -> 
 
 
 class MSL(CE):
+    order = 1
+
     def __init__(self, temperature: float = 2.0, end_token: bool = False) -> None:
         super().__init__(temperature, end_token)
 

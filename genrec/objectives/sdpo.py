@@ -24,11 +24,19 @@ import torch.nn.functional as F
 from genrec.eval.trie import Trie
 from genrec.models.base import Backbone, token_logprobs
 from genrec.objectives.base import Objective
-from genrec.objectives.bear import BearTerm, make_term
+from genrec.objectives.bear import BearTerm, make_term, term_on
 from genrec.objectives.negatives import Negatives, make_negatives
 
 
 class SDPO(Objective):
+    label, order = "S-DPO", 2
+    ablations = {"negatives.kind": "uniform"}
+    axes = (("lam", "xi"),)
+
+    @classmethod
+    def report_row(cls, cfg: dict) -> tuple[float, str]:
+        return (2.5, "S-DPO+BEAR") if term_on(cfg.get("bear")) else (cls.order, cls.label)
+
     def __init__(
         self,
         beta_dpo: float = 1.0,

@@ -1,0 +1,81 @@
+"""Collect run dirs into the papers' table layout and plots.
+
+    python -m genrec.report                                   # runs=[outputs,multirun]
+    python -m genrec.report runs=[multirun/2026-01-01_10-00-00] metrics=[recall@5,ndcg@5] out=reports/tiny
+
+Table: rows backbone × objective (+ the row's seed count), columns dataset × metric; mean ± std (sample,
+over seeds), gain (%) of the mean over the `baseline` row of the same backbone and dataset, the best mean
+per column within each backbone in bold; with `paper` (reference numbers), a "paper <metric>" column
+beside each metric that has one, with the reference's own gain over its baseline row. Several
+configurations of one objective on one dataset and backbone (a β × η sweep) are reduced to the one with
+the best mean validation score (each run's `trainer.monitor`, or `select`), as the papers tune on
+validation; the sweep itself becomes a sensitivity plot. A run dir without metrics.json is a `failed`
+cell if it has failed.json or was last touched more than `stale_minutes` ago, else `running`. Writes
+table.md, table.tex, table.csv (wide, as shown), cells.csv (long, numeric), summary.json and the PNGs
+for which data exists.
+
+Rows are named, ordered and split into ablations by the objective classes (`Objective.report_row`,
+`ablations`, `axes` in genrec/objectives/base.py): a new objective needs nothing here.
+  load.py    run dirs -> Run records;  select.py  variants, validation-based selection
+  table.py   pandas table, md / tex / csv;  figures.py + plots.py  PNGs
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Callable, Sequence
+
+from genrec.report import plots  # noqa: F401  (tests patch genrec.report.plots)
+from genrec.report.figures import diagnostic_plots, sensitivity_plots
+from genrec.report.load import BACKBONE_NAMES, Run, load_runs, objective_label  # noqa: F401
+from genrec.report.select import choose, group, varying
+from genrec.report.table import Reference, cells, text, write_tables
+from genrec.runs import write_text
+
+
+def report(runs: Sequence[str | Path], out: str | Path, metrics: Sequence[str] = ("recall@10", "ndcg@10", "recall@20",
+           "ndcg@20"), baseline: str = "ce", split: str = "test", select: str | None = None,
+           stale_minutes: float = 30.0, loader: Callable[..., list[Run]] = load_runs,
+           paper: Reference | None = None) -> dict:
+    """Write the tables, plots and summary.json for the runs `loader(runs)` finds; return the summary.
+    Raises FileNotFoundError, writing nothing, when there is no run."""
+    found = loader(runs, stale_minutes)
+    if not found:
+        raise FileNotFoundError(f"no run dirs (config.yaml) under {', '.join(map(str, runs))}")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    metrics = list(metrics)
+    order = {r.label: r.order for r in found}
+    groups = group(found)
+    chosen = {k: choose(v, select) for k, v in groups.items()}
+    df = cells(chosen, order, metrics, split, baseline, paper)
+    files = write_tables(out, df)
+    pngs = [p for d, b in sorted({(d, b) for d, b, _ in chosen})
+            for p in diagnostic_plots(out, d, b, {lab: v for (dd, bb, lab), v in chosen.items()
+                                                  if (dd, bb) == (d, b) and v.runs}, order, metrics, split)]
+    more, notes = sensitivity_plots(out, groups, metrics, split)
+    pngs += more
+    for (d, b, lab), v in sorted(chosen.items()):
+        notes += [f"{r.status}: {d}/{b}/{lab} seed {r.seed}: {r.path}" + (f" ({r.error})" if r.error else "")
+                  for r in v.pending]
+        tried = [x for x in groups[(d, b, lab)] if x.runs]
+        if len(tried) > 1 and v.runs:
+            picked = ", ".join(f"{k}={v.flat.get(k)}" for k in varying(tried))
+            notes.append(f"{d}/{b}/{lab}: best of {len(tried)} configs on {select or v.runs[0].monitor}: {picked}")
+    records = df.astype(object).where(df.notna(), None).to_dict("records")
+    summary = {
+        "split": split, "metrics": metrics, "baseline": baseline,
+        "runs": {s: sum(r.status == s for r in found) for s in ("ok", "failed", "running")},
+        "rows": [{"backbone": b, "objective": lab} for b, lab in dict.fromkeys(zip(df.backbone, df.objective))],
+        "columns": [{"dataset": d, "metric": m} for d, m in dict.fromkeys(zip(df.dataset, df.metric))],
+        "cells": [{**c, "text": text(row)} for c, row in zip(records, df.itertuples())],
+        "selected": [{"dataset": d, "backbone": b, "objective": lab, "score": v.score(select) if v.runs else None,
+                      "objective_params": {k: v.flat[k] for k in v.flat if k.startswith("objective.")},
+                      "runs": [str(r.path) for r in v.runs], "variants": len(groups[(d, b, lab)])}
+                     for (d, b, lab), v in sorted(chosen.items())],
+        "notes": notes,
+        "files": [p.name for p in files + pngs] + ["summary.json"],
+    }
+    write_text(out / "summary.json", json.dumps(summary, indent=1, default=str))
+    return summary

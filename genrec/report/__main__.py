@@ -1,0 +1,61 @@
+"""`python -m genrec.report`: conf/report.yaml's settings -> genrec.report.report (+ W&B)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from genrec.report import report
+
+
+def reference(path: str | None) -> dict | None:
+    """The reference numbers file (`paper=`): {dataset: {backbone: {objective label: {metric: value}}}}.
+    ValueError naming the file and the first bad key when it is missing or malformed."""
+    if not path:
+        return None
+    try:
+        ref = OmegaConf.to_container(OmegaConf.load(path))
+    except Exception as e:  # missing file, YAML syntax (the message names the line)
+        raise ValueError(f"paper={path}: {type(e).__name__}: {e}".splitlines()[0]) from e
+
+    def bad(node, keys: list[str]) -> str | None:
+        """The first key path that is not dataset.backbone.objective.metric: number."""
+        if len(keys) == 4:
+            return None if isinstance(node, (int, float)) and not isinstance(node, bool) else ".".join(keys)
+        if not isinstance(node, dict) or not node:
+            return ".".join(keys) or "(top level)"
+        return next((b for k, v in node.items() if (b := bad(v, keys + [str(k)]))), None)
+
+    if where := bad(ref, []):
+        raise ValueError(f"paper={path}: expected dataset: backbone: objective: metric: number, not at {where}")
+    return ref
+
+
+@hydra.main(version_base="1.3", config_path="../../conf", config_name="report")
+def main(cfg: DictConfig) -> None:
+    runs = [cfg.runs] if isinstance(cfg.runs, str) else list(cfg.runs)
+    try:
+        paper = reference(cfg.get("paper"))
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    try:
+        s = report(runs, cfg.out, list(cfg.metrics), cfg.baseline, cfg.split, cfg.select, cfg.stale_minutes,
+                   paper=paper)
+    except FileNotFoundError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    print((Path(cfg.out) / "table.md").read_text())
+    print("\n".join(s["notes"] + [f"runs: {s['runs']}", f"wrote {cfg.out}/: " + ", ".join(s["files"])]))
+    if cfg.wandb:
+        from genrec.loggers import log_report
+
+        group = Path(runs[0]).name if len(runs) == 1 else None  # one sweep: the report joins its runs' group
+        print(f"W&B run: {log_report(Path(cfg.out), s, cfg.wandb_project, group)} (offline: `wandb sync` it)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,153 @@
+"""Run dirs -> `Run` records: config, metrics, status (ok | failed | running) and the report row label
+the run's objective class declares (`Objective.report_row`, `ablations`)."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import time
+from dataclasses import dataclass, field
+from functools import cache, cached_property
+from pathlib import Path
+from typing import Sequence
+
+import pandas as pd
+from omegaconf import OmegaConf
+
+# Config keys that do not define the experiment (seeds are averaged, the rest is bookkeeping/hardware).
+IGNORED = ("seed", "run_dir", "resume", "data_dir", "tags", "logger", "hydra", "init_from",
+           "trainer.accelerator", "trainer.devices", "trainer.num_nodes", "trainer.strategy", "trainer.num_workers",
+           "trainer.progress_bar", "trainer.eval_batch_size", "embedder.device", "eval.full_rank", "eval.chunk",
+           "dataset.root", "dataset.reader.root", "tokenizer.path")
+SKIP_DIRS = {".hydra", "checkpoints", "logs", "eval", "wandb", ".git", ".venv", "__pycache__", "data"}
+BACKBONE_NAMES = {"tiger": "TIGER", "llama": "Llama"}
+
+
+def flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out.update(flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = tuple(v) if isinstance(v, list) else v
+    return out
+
+
+@cache
+def objective_class(target: str) -> type | None:
+    """The class `_target_` names, or None when it cannot be imported (a run of a since-renamed objective)."""
+    module, _, name = target.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError):
+        return None
+
+
+def objective_row(obj: dict) -> tuple[float, str]:
+    """(order, label) of the run's table row: "APAO-pairwise", "S-DPO+BEAR", "BEAR (form=regularizer)", ...
+    A config value other than the class's `ablations` default makes the row its own (not a tuned variant)."""
+    target = str(obj.get("_target_", "?"))
+    cls = objective_class(target)
+    if cls is None or not hasattr(cls, "report_row"):
+        return 100.0, target.rsplit(".", 1)[-1]
+    order, label = cls.report_row(obj)
+    flat = flatten(obj)
+    changed = [f"{k}={flat[k]}" for k, d in cls.ablations.items() if k in flat and flat[k] != d]
+    return order, label + (f" ({', '.join(changed)})" if changed else "")
+
+
+def objective_label(obj: dict) -> str:
+    return objective_row(obj)[1]
+
+
+def axes(obj: dict) -> tuple[tuple[str, str], ...]:
+    """The objective class's preferred (rows, cols) heatmap axes."""
+    return getattr(objective_class(str(obj.get("_target_", "?"))), "axes", ())
+
+
+@dataclass
+class Run:
+    path: Path
+    cfg: dict
+    metrics: dict | None
+    status: str  # ok | failed | running
+    backbone: str  # the hydra choice name when known
+    error: str | None = None  # failed.json's message
+    dataset: str = field(init=False)
+    order: float = field(init=False)
+    label: str = field(init=False)
+    seed: int = field(init=False)
+    flat: dict = field(init=False)  # the config minus IGNORED: runs with equal `flat` differ only by seed
+    key: str = field(init=False)
+
+    def __post_init__(self):
+        self.dataset = str(self.cfg["dataset"].get("name", "?"))
+        self.order, self.label = objective_row(self.cfg["objective"])
+        self.seed = self.cfg.get("seed", 0)
+        self.flat = {k: v for k, v in flatten(self.cfg).items()
+                     if not any(k == i or k.startswith(i + ".") for i in IGNORED)}
+        self.key = json.dumps(self.flat, sort_keys=True, default=str)
+
+    @property
+    def monitor(self) -> str:
+        return self.cfg.get("trainer", {}).get("monitor", "val/ndcg@10")
+
+    def evals(self, split: str) -> list[dict]:
+        """Re-evaluations written by genrec.evaluate: eval/<split>-beam<K>[-full].json."""
+        return [j for f in sorted((self.path / "eval").glob(f"{split}-beam*.json")) if (j := read_json(f))]
+
+    @cached_property
+    def log(self) -> pd.DataFrame:
+        """logs/metrics.csv (Lightning's CSVLogger): one row per logging step, NaN where a key was not logged."""
+        f = self.path / "logs" / "metrics.csv"
+        return pd.read_csv(f) if f.exists() else pd.DataFrame()
+
+
+def read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def find_run_dirs(root: Path) -> list[Path]:
+    """Dirs holding config.yaml (or .hydra/config.yaml: a job that died before writing it), not descended into."""
+    if (root / "config.yaml").exists() or (root / ".hydra" / "config.yaml").exists():
+        return [root]
+    if not root.is_dir():
+        return []
+    return [d for c in sorted(root.iterdir()) if c.is_dir() and c.name not in SKIP_DIRS for d in find_run_dirs(c)]
+
+
+def _choice(path: Path, group: str) -> str | None:
+    f = path / ".hydra" / "hydra.yaml"
+    return OmegaConf.select(OmegaConf.load(f), f"hydra.runtime.choices.{group}") if f.exists() else None
+
+
+def load_run(path: Path, stale_minutes: float = 30.0) -> Run | None:
+    f = path / "config.yaml" if (path / "config.yaml").exists() else path / ".hydra" / "config.yaml"
+    cfg = OmegaConf.load(f)
+    for k in ("run_dir", "logger", "hydra"):  # .hydra/config.yaml: interpolations only a Hydra app resolves
+        cfg.pop(k, None)
+    try:
+        cfg = OmegaConf.to_container(cfg, resolve=True)
+    except Exception:  # an interpolation this process cannot resolve: keep it as written
+        cfg = OmegaConf.to_container(cfg, resolve=False)
+    if not isinstance(cfg, dict) or not all(isinstance(cfg.get(k), dict) for k in ("dataset", "backbone", "objective")):
+        return None  # some other config.yaml
+    metrics, failed = read_json(path / "metrics.json"), read_json(path / "failed.json")
+    if metrics is not None or failed is not None:  # train.py writes failed.json when a run raises
+        status = "ok" if metrics is not None else "failed"
+    else:
+        files = [p for d in (path, path / "logs", path / "checkpoints") if d.is_dir() for p in d.iterdir()]
+        newest = max((p.stat().st_mtime for p in files), default=0.0)
+        status = "running" if time.time() - newest < stale_minutes * 60 else "failed"
+    backbone = ((metrics or {}).get("backbone") or _choice(path, "backbone")
+                or str(cfg["backbone"].get("_target_", "?")).rsplit(".", 1)[-1].lower())
+    return Run(path, cfg, metrics, status, backbone, (failed or {}).get("error") if metrics is None else None)
+
+
+def load_runs(paths: Sequence[str | Path], stale_minutes: float = 30.0) -> list[Run]:
+    """The loader: run dirs under `paths` (a W&B loader would return the same Run records)."""
+    dirs = dict.fromkeys(d.resolve() for p in paths for d in find_run_dirs(Path(p)))
+    return [r for d in dirs if (r := load_run(d, stale_minutes)) is not None]
