@@ -112,6 +112,7 @@ CHECKS: dict[str, tuple[Check, str]] = {
     "trainer.num_workers": integer(0),
     "trainer.check_val_every_n_epoch": POSITIVE,
     "trainer.val_users": or_null(POSITIVE),
+    "trainer.length_window": POSITIVE,
     "trainer.limit_train_batches": share_or_count(),
     "trainer.limit_val_batches": share_or_count(),
     "trainer.limit_test_batches": share_or_count(),

@@ -186,7 +186,7 @@ def train(cfg: DictConfig, start: float, resume_dir: Path | None, objective_name
     t = cfg.trainer
     data = prepare(cfg, log=lambda m: print(m, file=sys.stderr))
     dm = SeqDataModule(data.seq, data.sids, cfg.dataset.max_history, t.batch_size, t.eval_batch_size, cfg.seed,
-                       t.num_workers, t.pin_memory, t.val_users)
+                       t.num_workers, t.pin_memory, t.val_users, t.get("length_window", 50))
     module = GenRec(cfg, data.sids, dm.item_counts())  # LR schedule length: from the Trainer (world size)
     module.clock = (start, 0.0)  # validation points' wall seconds count from this process's start
     if resume_dir is None and rank_zero_only.rank == 0:

@@ -154,3 +154,25 @@ def test_val_users_validates_a_fixed_sample_and_tests_everyone(tmp_path):
     assert len(dm.splits["test"]) == len(full.splits["test"]) == 300
     r = run(cfg)
     assert [h["users"] for h in r["history"]] == [50.0, 50.0] and r["test/users"] == 300
+
+
+def test_length_window_one_gives_uniformly_random_batches(tmp_path):
+    """`trainer.length_window=1` (the APAO release's HF Trainer: random batches): each training batch is a
+    consecutive slice of the epoch's seeded permutation, not a group of similar history lengths (the default)."""
+    from genrec.data.datamodule import SeqDataModule
+    from genrec.prepare import prepare
+
+    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=["experiment=tiny", f"run_dir={tmp_path}/run", f"data_dir={tmp_path}/data",
+                                           "trainer.length_window=1"])
+    data = prepare(cfg)
+    dm = SeqDataModule(data.seq, data.sids, cfg.dataset.max_history, 16, 128, cfg.seed,
+                       length_window=cfg.trainer.length_window)
+    n, lengths = len(dm.splits["train"]), dm.splits["train"].lengths
+    perm = np.random.default_rng([cfg.seed, 0]).permutation(n)
+    want = {frozenset(perm[i : i + 16].tolist()) for i in range(0, n, 16)}
+    got = list(dm.train_dataloader().sampler)
+    assert {frozenset(b) for b in got} == want
+    grouped = SeqDataModule(data.seq, data.sids, cfg.dataset.max_history, 16, 128, cfg.seed).train_dataloader().sampler
+    spread = lambda batches: np.mean([np.ptp(lengths[list(b)]) for b in batches])  # noqa: E731
+    assert spread(grouped) < spread(got)  # the default groups lengths; window 1 does not

@@ -104,13 +104,16 @@ class LengthBatches(Sampler):
 class SeqDataModule(L.LightningDataModule):
     def __init__(self, seq: SeqData, sids: SemanticIds, max_history: int, batch_size: int,
                  eval_batch_size: int, seed: int, num_workers: int = 0, pin_memory: bool = False,
-                 val_users: int | None = None) -> None:
+                 val_users: int | None = None, length_window: int = 50) -> None:
         """`val_users`: validate on this many examples (users, under leave-one-out), one seeded sample
-        kept for every epoch (cheaper model selection); None: all of them. Test always covers all."""
+        kept for every epoch (cheaper model selection); None: all of them. Test always covers all.
+        `length_window`: training batches group similar history lengths within windows of this many
+        batches (`LengthBatches`); 1: every batch is a uniformly random slice of the shuffled order."""
         super().__init__()
         self.seq, self.sids, self.seed = seq, sids, seed
         self.max_history, self.batch_size, self.eval_batch_size = max_history, batch_size, eval_batch_size
         self.num_workers, self.pin_memory = num_workers, pin_memory and torch.cuda.is_available()
+        self.length_window = length_window
         self.splits = {s: Examples(seq, sids, s, max_history) for s in ("train", "valid", "test")}
         valid = self.splits["valid"]
         if val_users is not None and val_users < len(valid):
@@ -121,7 +124,8 @@ class SeqDataModule(L.LightningDataModule):
         ds = self.splits[split]
         rank, world = (self.trainer.global_rank, self.trainer.world_size) if self.trainer else (0, 1)
         sampler = LengthBatches(ds.lengths, self.batch_size if shuffle else self.eval_batch_size, shuffle,
-                                self.seed, rank, world, epoch=lambda: self.trainer.current_epoch if self.trainer else 0)
+                                self.seed, rank, world, window=self.length_window,
+                                epoch=lambda: self.trainer.current_epoch if self.trainer else 0)
         # Its own generator: creating an iterator must not consume the global RNG (dropout's).
         return DataLoader(ds, sampler=sampler, batch_size=None, num_workers=self.num_workers, pin_memory=self.pin_memory,
                           persistent_workers=self.num_workers > 0, generator=torch.Generator().manual_seed(self.seed))
