@@ -36,10 +36,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from genrec.data.semantic_ids import SemanticIds  # noqa: E402
+from genrec.sid.codes import SemanticIds  # noqa: E402
 from genrec.eval.beam import beam_search  # noqa: E402
 from genrec.eval.fullrank import full_scores  # noqa: E402
-from genrec.eval.trie import Trie  # noqa: E402
+from genrec.sid.trie import Trie  # noqa: E402
 from genrec.models.base import BOS, EOS, PAD  # noqa: E402
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "apao-office"

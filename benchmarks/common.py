@@ -77,7 +77,7 @@ class TrainStep:
 
     def step(self, batch: dict) -> float:
         m = self.module
-        loss, _ = m.objective(batch, m.backbone, m.trie)
+        loss, _ = m.objective(batch, m.backbone)
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         if self.clip:

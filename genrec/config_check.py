@@ -15,8 +15,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from hydra.experimental.callback import Callback
+from hydra.utils import get_method
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from genrec.data.readers.common import is_reader
 from genrec.eval.metrics import lower_is_better
 
 Check = Callable[[Any], bool]
@@ -178,8 +180,22 @@ def _stage1_is_an_objective(cfg: DictConfig) -> str | None:
     return f"stage1={_show(name)}: an objective of conf/objective/ ({', '.join(names)})"
 
 
+def _reader_is_a_reader(cfg: DictConfig) -> str | None:
+    """`dataset.reader._target_` is importable and follows `genrec.data.readers.common.Reader`."""
+    target = _get(cfg, "dataset.reader._target_")
+    if target is _ABSENT:
+        return None
+    try:
+        fn = get_method(str(target))
+    except Exception:
+        return f"dataset.reader._target_={target}: not an importable function (e.g. genrec.data.readers.lcrec.read)"
+    if not is_reader(fn):
+        return f"dataset.reader._target_={target}: a reader takes strict= and returns RawData (genrec.data.readers.common.Reader)"
+    return None
+
+
 CROSS: list[Callable[[DictConfig], str | None]] = [_ks_within_beam, _monitor_is_logged, _sdpo_has_a_start,
-                                                   _stage1_is_an_objective]
+                                                   _stage1_is_an_objective, _reader_is_a_reader]
 
 _ABSENT = object()
 

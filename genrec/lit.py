@@ -14,7 +14,7 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-from genrec.data.semantic_ids import SemanticIds
+from genrec.sid.codes import SemanticIds
 from genrec.eval.module import EvalModule
 from genrec.objectives.base import TrainContext
 from genrec.runs import load_backbone_state
@@ -47,7 +47,7 @@ class GenRec(EvalModule):
         torch.manual_seed(hash((int(self.cfg.seed), self.current_epoch, batch_idx, self.global_rank)) % 2**63)
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
-        loss, terms = self.objective(batch, self.backbone, self.trie)
+        loss, terms = self.objective(batch, self.backbone)
         self._terms = ["loss", *terms]
         finite = torch.stack([torch.isfinite(v).all() for v in (loss, *terms.values())])
         self._finite = finite if self._finite is None else self._finite & finite
@@ -75,7 +75,7 @@ class GenRec(EvalModule):
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         super().validation_step(batch, batch_idx)
         if self.cfg.trainer.monitor == "val/objective_loss":  # the APAO release selects on its training loss
-            loss, _ = self.objective(batch, self.backbone, self.trie)
+            loss, _ = self.objective(batch, self.backbone)
             self._rows[-1]["objective_loss"] = loss.detach().float().expand(len(batch["index"]))
 
     def on_validation_epoch_end(self) -> None:

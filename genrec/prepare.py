@@ -23,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 from genrec.config_check import exit_if_invalid
 from genrec.data.preprocess import SeqData, build_sequences, item_texts, leave_one_out, sliding_window
 from genrec.data.readers.common import DataError
-from genrec.data.semantic_ids import SemanticIds
+from genrec.sid.codes import SemanticIds
 from genrec.data.store import cached, read_meta
 
 SPLITS = ("loo", "sliding")

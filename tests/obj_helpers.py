@@ -9,8 +9,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from genrec.data.semantic_ids import SemanticIds
-from genrec.eval.trie import Trie
+from genrec.sid.codes import SemanticIds
+from genrec.sid.trie import Trie
 from genrec.models.base import EOS, Backbone
 from genrec.objectives.base import TrainContext
 from toy import ToyBackbone, random_batch, random_sids

@@ -10,11 +10,11 @@ import pytest
 import torch
 from toy import ToyBackbone, random_batch, random_sids
 
-from genrec.data.semantic_ids import SemanticIds
+from genrec.sid.codes import SemanticIds
 from genrec.eval.beam import beam_search
 from genrec.eval.evaluator import Evaluator
 from genrec.eval.fullrank import full_scores, rank_of
-from genrec.eval.trie import Trie
+from genrec.sid.trie import Trie
 from genrec.models.base import Backbone
 
 

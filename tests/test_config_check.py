@@ -68,6 +68,12 @@ BAD = [  # (overrides, the one line after "error: ")
     (["backbone.memory_under_autocast=1"], "backbone.memory_under_autocast=1: true or false, or null"),
     (["trainer.clip_on=both"], "trainer.clip_on=both: one of mean, sum"),
     (["trainer.val_users=0"], "trainer.val_users=0: an integer >= 1, or null"),
+    (["dataset.reader._target_=genrec.data.readers.lcrec.reed"],
+     "dataset.reader._target_=genrec.data.readers.lcrec.reed: not an importable function (e.g. "
+     "genrec.data.readers.lcrec.read)"),
+    (["dataset.reader._target_=genrec.data.readers.common.find_file"],  # no strict=: not a Reader
+     "dataset.reader._target_=genrec.data.readers.common.find_file: a reader takes strict= and returns RawData "
+     "(genrec.data.readers.common.Reader)"),
 ]
 
 

@@ -17,7 +17,7 @@ from hydra import compose, initialize_config_dir
 from genrec.data.preprocess import build_sequences, item_texts, kcore, leave_one_out, sliding_window
 from genrec.data.readers import lcrec, recbole
 from genrec.data.readers.common import DataError, RawData
-from genrec.data.semantic_ids import SemanticIds
+from genrec.sid.codes import SemanticIds
 from genrec.data.store import cached, config_hash
 from genrec.prepare import prepare
 
@@ -440,7 +440,7 @@ def test_prepare_office_counts(data_dir):
 
 def _prepare_slowly(cfg, queue):
     """A forked child: every build sleeps first, so both processes reach each stage together."""
-    import genrec.data.sid as sid
+    import genrec.sid.tokenizers as sid
     import genrec.prepare as gp
 
     build, call = gp.build_sequences, sid.Precomputed.__call__

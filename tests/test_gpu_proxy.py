@@ -17,7 +17,7 @@ from toy import random_batch, random_sids
 import genrec.models.head as head
 from genrec.eval.beam import beam_search, level_logprobs
 from genrec.eval.fullrank import full_scores
-from genrec.eval.trie import Trie
+from genrec.sid.trie import Trie
 from genrec.evaluate import evaluate
 from genrec.objectives.apao import prefix_sums
 from genrec.objectives.negatives import hash32

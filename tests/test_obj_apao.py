@@ -10,8 +10,8 @@ import pytest
 import torch
 from obj_helpers import CountingToy, FixedLogits, case, make_ctx
 
-from genrec.data.semantic_ids import SemanticIds
-from genrec.eval.trie import Trie
+from genrec.sid.codes import SemanticIds
+from genrec.sid.trie import Trie
 from genrec.objectives.apao import APAO, collision_mask
 
 # ---------------------------------------------------------------- pointwise
@@ -31,7 +31,7 @@ def test_pointwise_matches_loop(tau, tau_p):
     beta, eta = 0.3, 0.7
     obj = APAO("pointwise", "released", beta=beta, eta=eta, prefix_temperature=tau_p, temperature=tau)
     obj.setup(make_ctx(sids), bb)
-    loss, terms = obj(batch, bb, trie)
+    loss, terms = obj(batch, bb)
     loss.backward()
 
     z = logits.clone().requires_grad_()
@@ -56,7 +56,7 @@ def test_pointwise_single_forward():
     bb = CountingToy(sids.vocab_size)
     obj = APAO("pointwise")
     obj.setup(make_ctx(sids), bb)
-    obj(batch, bb, trie)
+    obj(batch, bb)
     assert bb.encodes == 1 and bb.prefix_shapes == [(len(batch["target"]), 1, sids.num_levels - 1)]
 
 
@@ -123,7 +123,7 @@ def test_pairwise_hand_case(mode):
                mask_collisions=mode != "pairwise_nomask", correction=mode != "pairwise_nocorr")
     obj.setup(make_ctx(sids), bb)
     obj.negatives.sample = lambda batch, num, backbone=None, enc=None: torch.tensor(NEGS)
-    loss, terms = obj(batch, bb, trie)
+    loss, terms = obj(batch, bb)
     # One encoder pass; positive and negatives in one teacher-forced call.
     assert bb.encodes == 1 and bb.prefix_shapes == [(2, 6, 2)]
     params = list(bb.parameters())
@@ -166,7 +166,7 @@ def test_pairwise_with_hard_negatives_still_one_encode():
     bb = CountingToy(sids.vocab_size)
     obj = APAO("pairwise", num_negatives=4, negatives={"kind": "hard", "pool": 12})
     obj.setup(make_ctx(sids), bb)
-    loss, _ = obj(batch, bb, trie)
+    loss, _ = obj(batch, bb)
     B, T = len(batch["target"]), sids.num_levels
     assert bb.encodes == 1 and bb.prefix_shapes == [(B, 12, T - 1), (B, 5, T - 1)]
     assert torch.isfinite(loss)
@@ -187,7 +187,7 @@ def _train(obj, bb, trie, batch, steps, opt=None):
     opt = opt or torch.optim.SGD(bb.parameters(), lr=0.5)
     history = []
     for _ in range(steps):
-        loss, terms = obj(batch, bb, trie)
+        loss, terms = obj(batch, bb)
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -218,10 +218,10 @@ def test_paper_weights_eta_zero_stay_uniform_and_eval_does_not_update():
     assert torch.equal(obj.weights, torch.full((3,), 1 / 3, dtype=torch.float64))
     obj2, bb2, trie, batch = _pointwise_setup("paper", 1.0)
     obj2.eval()
-    obj2(batch, bb2, trie)
+    obj2(batch, bb2)
     with torch.no_grad():
         obj2.train()
-        obj2(batch, bb2, trie)
+        obj2(batch, bb2)
     assert torch.equal(obj2.weights, torch.full((3,), 1 / 3, dtype=torch.float64))
 
 
@@ -238,15 +238,15 @@ def test_released_weights_per_batch(eta):
 
 def test_uniform_hardmax_and_drop_prefix():
     obj, bb, trie, batch = _pointwise_setup("uniform", 0.0)
-    _, terms = obj(batch, bb, trie)
+    _, terms = obj(batch, bb)
     assert [terms[f"apao/w{m}"].item() for m in (1, 2, 3)] == pytest.approx([1 / 3] * 3)
     obj, bb, trie, batch = _pointwise_setup("hardmax", 0.0)
-    _, terms = obj(batch, bb, trie)
+    _, terms = obj(batch, bb)
     L = [terms[f"apao/L{m}"].item() for m in (1, 2, 3)]
     assert [terms[f"apao/w{m}"].item() for m in (1, 2, 3)] == [float(i == int(np.argmax(L))) for i in range(3)]
     for weights in ("paper", "released", "uniform", "hardmax"):
         obj, bb, trie, batch = _pointwise_setup(weights, 0.5, drop_prefix=3)
-        loss, terms = obj(batch, bb, trie)
+        loss, terms = obj(batch, bb)
         w = [terms[f"apao/w{m}"].item() for m in (1, 2, 3)]
         L = [terms[f"apao/L{m}"].item() for m in (1, 2, 3)]
         assert w[2] == 0 and math.isclose(sum(w), 1, rel_tol=1e-6), weights

@@ -35,7 +35,7 @@ def _setup(sizes=(4, 3, 3)):
 def _run(obj, sids, trie, batch, logits, eval_beam=3):
     bb = FixedLogits(logits)
     obj.setup(make_ctx(sids, eval_beam=eval_beam), bb)
-    loss, terms = obj(batch, bb, trie)
+    loss, terms = obj(batch, bb)
     loss.backward()
     return loss, terms, bb.logits.grad
 

@@ -14,7 +14,7 @@ from genrec.objectives.msl import MSL
 def _run(obj, logits, sids, trie, batch):
     bb = FixedLogits(logits)
     obj.setup(make_ctx(sids), bb)
-    loss, terms = obj(batch, bb, trie)
+    loss, terms = obj(batch, bb)
     loss.backward()
     return loss, terms, bb.logits.grad
 
@@ -74,7 +74,7 @@ def test_ce_one_encode_and_matches_target_logits():
     bb = CountingToy(sids.vocab_size)
     obj = CE()
     obj.setup(make_ctx(sids), bb)
-    loss, _ = obj(batch, bb, trie)
+    loss, _ = obj(batch, bb)
     assert bb.encodes == 1 and len(bb.prefix_shapes) == 1
     logits = bb.target_logits(batch["history"], batch["mask"], batch["target"])
     ref = torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch["target"].flatten())

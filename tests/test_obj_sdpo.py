@@ -23,7 +23,7 @@ def _setup(N=4, **kw):
 def test_policy_equals_reference_gives_log_one_plus_n():
     for N in (1, 3, 7):
         _, trie, batch, bb, obj = _setup(N)
-        loss, _ = obj(batch, bb, trie)
+        loss, _ = obj(batch, bb)
         assert math.isclose(loss.item(), math.log(1 + N), rel_tol=1e-6)
         assert bb.encodes == 1 and len(bb.prefix_shapes) == 1  # policy: one pass for all candidates
 
@@ -44,7 +44,7 @@ def test_value_and_gradient_match_loop():
     sids, trie, batch, bb, obj = _setup(N, beta_dpo=beta)
     _perturb(bb)
     negs = obj.negatives.sample(batch, N)
-    loss, _ = obj(batch, bb, trie)
+    loss, _ = obj(batch, bb)
     grads = torch.autograd.grad(loss, list(bb.parameters()))
     tok = sids.cand_tokens()
     ref = 0.0
@@ -73,7 +73,7 @@ def test_reference_is_frozen_and_excluded_from_training():
     assert not obj.ref.training and obj.training
     opt = torch.optim.Adam([p for p in module.parameters() if p.requires_grad], lr=0.05)
     for _ in range(3):
-        loss, _ = obj(batch, bb, trie)
+        loss, _ = obj(batch, bb)
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -90,8 +90,8 @@ def test_bear_sign_convention():
     with_bear = SDPO(num_negatives=N, bear={"lam": lam, "xi": xi, "beam": width})
     with_bear.setup(make_ctx(sids), bb)
     with_bear.ref.load_state_dict(plain.ref.state_dict())
-    l0, _ = plain(batch, bb, trie)
-    l1, terms = with_bear(batch, bb, trie)
+    l0, _ = plain(batch, bb)
+    l1, terms = with_bear(batch, bb)
     negs = plain.negatives.sample(batch, N)
     tok = sids.cand_tokens()
 

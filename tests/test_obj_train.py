@@ -45,7 +45,7 @@ def test_objective_trains(name):
     opt = torch.optim.Adam(params, lr=0.03)
     losses = []
     for _ in range(25):
-        loss, terms = obj(batch, bb, trie)
+        loss, terms = obj(batch, bb)
         assert torch.isfinite(loss) and all(torch.isfinite(v) for v in terms.values()), terms
         opt.zero_grad()
         loss.backward()

@@ -84,7 +84,7 @@ def _reference(module: GenRec, batches: list[dict], accumulate: int, clip: float
     for i in range(0, len(batches), accumulate):
         opt.zero_grad()
         for b in batches[i : i + accumulate]:
-            loss, _ = module.objective(b, module.backbone, module.trie)
+            loss, _ = module.objective(b, module.backbone)
             (loss / accumulate if divide else loss).backward()
         torch.nn.utils.clip_grad_norm_(module.parameters(), clip)
         opt.step()
@@ -105,7 +105,7 @@ def test_clip_on_matches_explicit_accumulation_and_clipping(tmp_path, clip_on):
     batches = [b for _, b in zip(range(steps * A), dm.train_dataloader())]  # epoch 0's order, as fit sees it
     probe = copy.deepcopy(module)
     for b in batches[:A]:
-        probe.objective(b, probe.backbone, probe.trie)[0].backward()
+        probe.objective(b, probe.backbone)[0].backward()
     summed = float(torch.cat([p.grad.flatten() for p in probe.parameters() if p.grad is not None]).norm())
     clip = summed / 1.5  # binds on the sum of the first step's gradients, not on their mean (summed / A)
     initial = copy.deepcopy(module)
@@ -163,7 +163,7 @@ def test_apao_office_is_the_release_data_and_either_colliding_item_is_a_hit(tmp_
     import numpy as np
 
     from genrec.eval.evaluator import Evaluator
-    from genrec.eval.trie import Trie
+    from genrec.sid.trie import Trie
     from toy import ToyBackbone
 
     cfg = compose_release("dataset=apao_office", f"dataset.root={SHARED / 'apao-office'}", f"data_dir={tmp_path}")
@@ -249,7 +249,7 @@ def test_beam_and_full_ranking_score_like_brute_force(score, temperature):
 
     from genrec.eval.beam import beam_search
     from genrec.eval.fullrank import full_scores
-    from genrec.eval.trie import Trie
+    from genrec.sid.trie import Trie
 
     sids = random_sids(30, [4, 3, 3], seed=3)
     trie, bb = Trie(sids), ToyBackbone(sids.vocab_size, seed=3)
@@ -333,7 +333,7 @@ def test_bear_lam_has_the_papers_strength(end_token):
     bb = FixedLogits(logits)
     obj = BEAR("regularizer", lam, xi, beam=width, end_token=end_token)
     obj.setup(make_ctx(sids, eval_beam=width), bb)
-    obj(batch, bb, trie)[0].backward()
+    obj(batch, bb)[0].backward()
     z = logits.clone().requires_grad_()
     paper = 0
     for b in range(B):

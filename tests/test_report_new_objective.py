@@ -28,7 +28,7 @@ class Smoothed(CE):
         super().__init__(temperature, end_token)
         self.eps = eps
 
-    def forward(self, batch, backbone, trie):
+    def forward(self, batch, backbone):
         _, logits = self.teacher_forced(batch, backbone)
         logp = torch.log_softmax(logits / self.temperature, -1)
         nll = -logp.gather(-1, self.scored(batch["target"])[..., None]).squeeze(-1)

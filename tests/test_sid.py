@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from genrec.data.readers.common import DataError
-from genrec.data.sid import Precomputed, RQKMeans, collisions, disambiguate
+from genrec.sid.tokenizers import Precomputed, RQKMeans, collisions, disambiguate
 
 OFFICE = Path(__file__).resolve().parents[2] / "shared" / "data" / "apao-office"  # ../shared beside the repo
 

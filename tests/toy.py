@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from genrec.data.semantic_ids import SemanticIds
+from genrec.sid.codes import SemanticIds
 from genrec.models.base import Backbone
 
 

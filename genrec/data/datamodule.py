@@ -22,7 +22,7 @@ import torch
 from torch.utils.data import DataLoader, Sampler
 
 from genrec.data.preprocess import SeqData
-from genrec.data.semantic_ids import EOS, SemanticIds
+from genrec.sid.codes import EOS, SemanticIds
 
 
 class Examples(torch.utils.data.Dataset):

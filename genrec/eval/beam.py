@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from genrec.eval.trie import Trie
+from genrec.sid.trie import Trie
 from genrec.models.base import Backbone
 
 

@@ -14,7 +14,7 @@ import torch
 from genrec.eval import metrics
 from genrec.eval.beam import SCORES, beam_search
 from genrec.eval.fullrank import full_scores, rank_of
-from genrec.eval.trie import Trie
+from genrec.sid.trie import Trie
 from genrec.models.base import Backbone
 
 

@@ -13,8 +13,8 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-from genrec.data.semantic_ids import SemanticIds
-from genrec.eval.trie import Trie
+from genrec.sid.codes import SemanticIds
+from genrec.sid.trie import Trie
 
 
 class EvalModule(L.LightningModule):

@@ -1,6 +1,6 @@
 """The backbone interface every objective and the evaluator use.
 
-Token layout (see `genrec.data.sid.SemanticIds`): 0 = pad, 1 = eos, 2 = bos, then the
+Token layout (see `genrec.sid.tokenizers.SemanticIds`): 0 = pad, 1 = eos, 2 = bos, then the
 codebook tokens of level 0, level 1, ... (level-offset ids). A history is the flattened
 SID tokens of the last `max_history` items followed by eos, **left-padded** with 0.
 
@@ -34,7 +34,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from genrec.data.semantic_ids import BOS, EOS, PAD  # noqa: F401  (the token layout)
+from genrec.sid.codes import BOS, EOS, PAD  # noqa: F401  (the token layout)
 
 
 @dataclass

@@ -30,7 +30,6 @@ from itertools import accumulate
 import torch
 import torch.distributed as dist
 
-from genrec.eval.trie import Trie
 from genrec.models.base import Backbone, token_logprobs
 from genrec.objectives.bear import BearTerm, make_term, term_on
 from genrec.objectives.ce import CE
@@ -147,7 +146,7 @@ class APAO(CE):
             return keep.to(L.dtype) / keep.sum()
         return torch.nn.functional.one_hot(L.masked_fill(~keep, float("-inf")).argmax(), len(L)).to(L.dtype)
 
-    def forward(self, batch: dict, backbone: Backbone, trie: Trie) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def forward(self, batch: dict, backbone: Backbone) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         target = batch["target"]
         T = target.shape[1]
         m = torch.arange(1, T + 1, device=target.device)
@@ -167,7 +166,7 @@ class APAO(CE):
             ce = -s[:, 0].mean()
             S = prefix_sums(s[..., :T]) / self.prefix_temperature  # [B, 1 + N, T]
             cands = torch.cat([batch["target_cand"][:, None], negs], 1)
-            masked = collision_mask(trie.cand_prefix_id[cands][..., 1:])[:, 1:]
+            masked = collision_mask(self.ctx.trie.cand_prefix_id[cands][..., 1:])[:, 1:]
             if not self.mask_collisions:
                 masked = torch.zeros_like(masked)
             log_c = None
@@ -183,7 +182,7 @@ class APAO(CE):
         terms.update({f"apao/w{k + 1}": w[k].detach() for k in range(T)})
         if self.bear is not None:
             logp = torch.log_softmax(pos_logits[:, :T].float() / self.temperature, -1)
-            delta = self.bear.deltas(logp, target, trie.target_masks(target))
+            delta = self.bear.deltas(logp, target, self.ctx.trie.target_masks(target))
             reg = self.bear.regularizer(delta).mean()
             loss = loss + self.bear.lam * reg / s.shape[-1]  # lam: the BEAR paper's (see bear.py)
             terms["apao/bear_reg"] = reg.detach()

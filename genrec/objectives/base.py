@@ -1,4 +1,4 @@
-"""The objective interface: batch + backbone + trie -> (loss, named terms to log).
+"""The objective interface: batch + backbone -> (loss, named terms to log).
 
 A training batch is a dict of tensors (see `genrec.data.datamodule.collate`):
   history [B, L] long   flattened SID tokens of the history + eos, left-padded with 0
@@ -23,8 +23,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from genrec.data.semantic_ids import SemanticIds
-from genrec.eval.trie import Trie
+from genrec.sid.codes import SemanticIds
+from genrec.sid.trie import Trie
 from genrec.models.base import Backbone
 
 
@@ -58,5 +58,5 @@ class Objective(nn.Module):
     def on_epoch_start(self, epoch: int) -> None:
         """Called at the start of every training epoch (e.g. to resample negatives)."""
 
-    def forward(self, batch: dict, backbone: Backbone, trie: Trie) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def forward(self, batch: dict, backbone: Backbone) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         raise NotImplementedError

@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from genrec.eval.trie import Trie
+from genrec.sid.trie import Trie
 from genrec.models.base import Backbone
 from genrec.objectives.ce import CE
 from genrec.objectives.msl import allowed_masks
@@ -123,11 +123,11 @@ class BEAR(CE):
         super().setup(ctx, backbone)
         self.term.setup(ctx.eval_beam)
 
-    def forward(self, batch: dict, backbone: Backbone, trie: Trie) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def forward(self, batch: dict, backbone: Backbone) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         target = batch["target"]
         T = target.shape[1]
         _, logits = self.teacher_forced(batch, backbone)
-        allowed = allowed_masks(trie, target, self.end_token)
+        allowed = allowed_masks(self.ctx.trie, target, self.end_token)
         z = logits.float() / self.temperature
         if self.masked or self.form == "reweight":
             z = z.masked_fill(~allowed, float("-inf"))

@@ -10,7 +10,6 @@ from typing import Any
 
 import torch
 
-from genrec.eval.trie import Trie
 from genrec.models.base import EOS, Backbone, token_logprobs
 from genrec.objectives.base import Objective
 
@@ -38,7 +37,7 @@ class CE(Objective):
         enc = backbone.encode(batch["history"], batch["mask"])
         return enc, backbone.prefix_logits(enc, self.prefixes(batch["target"])[:, None])[:, 0]
 
-    def forward(self, batch: dict, backbone: Backbone, trie: Trie) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def forward(self, batch: dict, backbone: Backbone) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         _, logits = self.teacher_forced(batch, backbone)
         loss = -token_logprobs(logits, self.scored(batch["target"]), self.temperature).mean()
         return loss, {"ce": loss.detach()}

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from genrec.eval.trie import Trie
+from genrec.sid.trie import Trie
 from genrec.models.base import EOS, Backbone, token_logprobs
 from genrec.objectives.ce import CE
 
@@ -28,9 +28,9 @@ class MSL(CE):
     def __init__(self, temperature: float = 2.0, end_token: bool = False) -> None:
         super().__init__(temperature, end_token)
 
-    def forward(self, batch: dict, backbone: Backbone, trie: Trie) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def forward(self, batch: dict, backbone: Backbone) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         _, logits = self.teacher_forced(batch, backbone)
-        allowed = allowed_masks(trie, batch["target"], self.end_token)
+        allowed = allowed_masks(self.ctx.trie, batch["target"], self.end_token)
         logits = logits.masked_fill(~allowed, float("-inf"))
         loss = -token_logprobs(logits, self.scored(batch["target"]), self.temperature).mean()
         return loss, {"msl": loss.detach()}

@@ -21,7 +21,6 @@ import copy
 import torch
 import torch.nn.functional as F
 
-from genrec.eval.trie import Trie
 from genrec.models.base import Backbone, token_logprobs
 from genrec.objectives.base import Objective
 from genrec.objectives.bear import BearTerm, make_term, term_on
@@ -67,7 +66,7 @@ class SDPO(Objective):
             self.ref.eval()
         return self
 
-    def forward(self, batch: dict, backbone: Backbone, trie: Trie) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def forward(self, batch: dict, backbone: Backbone) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         enc = backbone.encode(batch["history"], batch["mask"])
         _, tokens = self.negatives.with_positive(batch, self.num_negatives, backbone, enc)  # [B, 1 + N, T]
         if self.bear is not None:  # BEAR needs every candidate's logits
@@ -83,7 +82,7 @@ class SDPO(Objective):
         terms = {"sdpo/dpo": dpo.detach(), "sdpo/margin": (r[:, :1] - r[:, 1:]).mean().detach()}
         loss = dpo
         if self.bear is not None:
-            allowed = trie.target_masks(tokens.flatten(0, 1)).view(*tokens.shape, -1)
+            allowed = self.ctx.trie.target_masks(tokens.flatten(0, 1)).view(*tokens.shape, -1)
             delta = self.bear.deltas(torch.log_softmax(logits.float(), -1), tokens, allowed)
             reg = self.bear.regularizer(delta)  # [B, 1 + N]
             reg_pos, reg_neg = reg[:, 0].mean(), reg[:, 1:].mean()

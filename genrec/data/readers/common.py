@@ -9,13 +9,14 @@ few) instead of crashing; with `strict=True` the first one is an error.
 from __future__ import annotations
 
 import gzip
+import inspect
 import io
 import json
 import zlib
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Protocol
 
 
 class DataError(Exception):
@@ -53,6 +54,24 @@ class RawData:
     times: list[float]  # any monotone unit; ties keep file order
     meta: dict[str, dict] = field(default_factory=dict)  # item -> metadata fields
     report: ReadReport = field(default_factory=ReadReport)
+
+
+class Reader(Protocol):
+    """What `dataset.reader._target_` names: called with the dataset YAML's `reader` keys and `strict`
+    (bad records: an error if true, else counted in the `RawData.report`). Every raw file must be read
+    through `open_text` (or `load_json` / `iter_records`, which use it): the data cache keys the result
+    on the files opened there, so a file read another way is not noticed when it changes."""
+
+    def __call__(self, *, strict: bool = False, **keys) -> RawData: ...
+
+
+def is_reader(fn: object) -> bool:
+    """Callable with a `strict` keyword (the part of `Reader` a config check can see)."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return "strict" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
 
 
 def find_file(root: Path | str, name: str) -> Path:

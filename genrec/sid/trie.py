@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from genrec.data.semantic_ids import SemanticIds
+from genrec.sid.codes import SemanticIds
 
 
 class Trie:

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from genrec.data.readers.common import DataError, find_file, load_json
-from genrec.data.semantic_ids import SemanticIds
+from genrec.sid.codes import SemanticIds
 
 
 def collisions(codes: np.ndarray) -> dict:
