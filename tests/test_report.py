@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from genrec import report as rep
+from genrec.report.load import load_runs
 
 ROOT = Path(__file__).parents[1]
 METRICS = ["recall@10", "ndcg@10", "recall@20", "ndcg@20"]
@@ -386,3 +387,20 @@ def test_seed_count_column_shows_a_range_when_cells_differ(tmp_path):
     md = [[x.strip() for x in ln.strip("|").split("|")] for ln in (tmp_path / "out" / "table.md").read_text().splitlines()]
     assert md[2][:3] == ["TIGER", "CE", "2–3"]
     assert [c["n"] for c in s["cells"]] == [3, 2]
+
+
+def test_a_run_started_from_another_is_its_own_two_stage_row(tmp_path):
+    """CE -> APAO-pairwise fine-tuning (init_from or stage1) is not averaged with one-stage APAO-pairwise;
+    S-DPO, which always starts from a trained run, keeps its plain label."""
+    sdpo = {"_target_": "genrec.objectives.sdpo.SDPO", "beta_dpo": 1.0, "bear": None}
+    write_run(tmp_path / "one", "beauty", "tiger", OBJECTIVES["pairwise"], 1, {"test/recall@10": 0.1})
+    write_run(tmp_path / "ft", "beauty", "tiger", OBJECTIVES["pairwise"], 1, {"test/recall@10": 0.3},
+              extra={"init_from": "outputs/ce"})
+    write_run(tmp_path / "st", "beauty", "tiger", OBJECTIVES["pairwise"], 2, {"test/recall@10": 0.5},
+              extra={"stage1": "ce"})
+    write_run(tmp_path / "sdpo", "beauty", "tiger", sdpo, 1, {"test/recall@10": 0.2}, extra={"init_from": "outputs/ce"})
+    s = rep.report([tmp_path], tmp_path / "out", ["recall@10"])
+    cells = {c["objective"]: c for c in s["cells"]}
+    assert set(cells) == {"APAO-pairwise", "APAO-pairwise (two-stage)", "S-DPO"}
+    assert cells["APAO-pairwise"]["mean"] == 0.1 and cells["S-DPO"]["mean"] == 0.2
+    assert {r.label for r in load_runs([tmp_path / "ft", tmp_path / "st"])} == {"APAO-pairwise (two-stage)"}

@@ -45,6 +45,7 @@ class Objective(nn.Module):
     order: ClassVar[float] = 100.0  # rows sort by (order, label)
     ablations: ClassVar[dict[str, Any]] = {}  # config key -> default: another value gets its own row "label (key=value)"
     axes: ClassVar[tuple[tuple[str, str], ...]] = ()  # (rows, cols) of a sweep's heatmap when both keys vary
+    fine_tunes: ClassVar[bool] = False  # always starts from a trained run (S-DPO); others: init_from = "(two-stage)"
 
     @classmethod
     def report_row(cls, cfg: dict) -> tuple[float, str]:

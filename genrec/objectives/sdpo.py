@@ -28,7 +28,7 @@ from genrec.objectives.negatives import Negatives, make_negatives
 
 
 class SDPO(Objective):
-    label, order = "S-DPO", 2
+    label, order, fine_tunes = "S-DPO", 2, True
     ablations = {"negatives.kind": "uniform"}
     axes = (("lam", "xi"),)
 

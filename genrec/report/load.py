@@ -83,6 +83,9 @@ class Run:
     def __post_init__(self):
         self.dataset = str(self.cfg["dataset"].get("name", "?"))
         self.order, self.label = objective_row(self.cfg["objective"])
+        cls = objective_class(str(self.cfg["objective"].get("_target_", "?")))
+        if (self.cfg.get("init_from") or self.cfg.get("stage1")) and not getattr(cls, "fine_tunes", False):
+            self.order, self.label = self.order + 0.01, self.label + " (two-stage)"  # started from a trained run
         self.seed = self.cfg.get("seed", 0)
         self.flat = {k: v for k, v in flatten(self.cfg).items()
                      if not any(k == i or k.startswith(i + ".") for i in IGNORED)}
