@@ -177,8 +177,18 @@ def _stage1_is_an_objective(cfg: DictConfig) -> str | None:
     return f"stage1={_show(name)}: an objective of conf/objective/ ({', '.join(names)})"
 
 
+def _callbacks_keep_checkpoints(cfg: DictConfig) -> str | None:
+    """Resume, the final test and metrics.json need <run dir>/checkpoints (genrec.callbacks.Checkpoints)."""
+    callbacks = _get(cfg, "callbacks")
+    if callbacks is _ABSENT or any(isinstance(c, dict) and c.get("_target_") == "genrec.callbacks.Checkpoints"
+                                   for c in (callbacks or {}).values()):
+        return None
+    return (f"callbacks=[{','.join(callbacks or {})}]: one of them genrec.callbacks.Checkpoints "
+            f"(conf/callbacks/checkpoints.yaml: best.ckpt, last.ckpt), e.g. callbacks=[default,...]")
+
+
 CROSS: list[Callable[[DictConfig], str | None]] = [_ks_within_beam, _monitor_is_logged, _sdpo_has_a_start,
-                                                   _stage1_is_an_objective]
+                                                   _stage1_is_an_objective, _callbacks_keep_checkpoints]
 
 _ABSENT = object()
 

@@ -68,6 +68,8 @@ BAD = [  # (overrides, the one line after "error: ")
     (["backbone.lean_under_autocast=1"], "backbone.lean_under_autocast=1: true or false, or null"),
     (["trainer.clip_on=both"], "trainer.clip_on=both: one of mean, sum"),
     (["trainer.val_users=0"], "trainer.val_users=0: an integer >= 1, or null"),
+    (["~callbacks.checkpoints"], "callbacks=[early_stopping]: one of them genrec.callbacks.Checkpoints "
+     "(conf/callbacks/checkpoints.yaml: best.ckpt, last.ckpt), e.g. callbacks=[default,...]"),
 ]
 
 
@@ -82,7 +84,7 @@ GROUPS = {g: sorted(p.stem for p in (CONF / g).glob("*.yaml")) for g in ("backbo
 
 def test_every_shipped_config_passes_and_every_checked_key_exists():
     seen = set()
-    configs = [cfg(name="evaluate"), *(cfg(f"experiment={p.stem}") for p in (CONF / "experiment").glob("*.yaml"))]
+    configs = [cfg(name="evaluate"), cfg("callbacks=[default,lr_monitor]"), *(cfg(f"experiment={p.stem}") for p in (CONF / "experiment").glob("*.yaml"))]
     configs += [cfg(f"{group}={choice}", "init_from=x" if choice == "sdpo" else "seed=42")
                 for group, choices in GROUPS.items() for choice in choices]
     for c in configs:
