@@ -9,6 +9,8 @@ every job's config before the first one runs (`SweepCheck`, registered in `hydra
 
 from __future__ import annotations
 
+import difflib
+import inspect
 import re
 import sys
 from pathlib import Path
@@ -187,8 +189,32 @@ def _callbacks_keep_checkpoints(cfg: DictConfig) -> str | None:
             f"(conf/callbacks/checkpoints.yaml: best.ckpt, last.ckpt), e.g. callbacks=[default,...]")
 
 
+def _lightning_arguments(cfg: DictConfig) -> str | None:
+    """Every key of `trainer.lightning` and of each callback is an argument of its `_target_` (a typo fails
+    here, not when the Trainer is built after the data stage)."""
+    callbacks = _get(cfg, "callbacks")
+    for key in ["trainer.lightning", *(f"callbacks.{k}" for k in (callbacks if isinstance(callbacks, dict) else {}))]:
+        node = _get(cfg, key)
+        if not isinstance(node, dict) or "_target_" not in node:
+            continue
+        from hydra.utils import get_class
+
+        try:
+            params = inspect.signature(get_class(node["_target_"])).parameters
+        except Exception:
+            return f"{key}._target_={node['_target_']}: an importable class"
+        if any(p.kind == p.VAR_KEYWORD for p in params.values()):
+            continue
+        for arg in node:
+            if not arg.startswith("_") and arg not in params:
+                near = difflib.get_close_matches(arg, params, 1)
+                return f"{key}.{arg}: not an argument of {node['_target_']}" + (f" (did you mean {near[0]}?)" if near else "")
+    return None
+
+
 CROSS: list[Callable[[DictConfig], str | None]] = [_ks_within_beam, _monitor_is_logged, _sdpo_has_a_start,
-                                                   _stage1_is_an_objective, _callbacks_keep_checkpoints]
+                                                   _stage1_is_an_objective, _callbacks_keep_checkpoints,
+                                                   _lightning_arguments]
 
 _ABSENT = object()
 
