@@ -9,13 +9,15 @@ every job's config before the first one runs (`SweepCheck`, registered in `hydra
 
 from __future__ import annotations
 
+import difflib
+import inspect
 import re
 import sys
 from pathlib import Path
 from typing import Any, Callable
 
 from hydra.experimental.callback import Callback
-from hydra.utils import get_method
+from hydra.utils import get_class, get_method
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from genrec.data.readers.common import is_reader
@@ -194,8 +196,40 @@ def _reader_is_a_reader(cfg: DictConfig) -> str | None:
     return None
 
 
+def _callbacks_keep_checkpoints(cfg: DictConfig) -> str | None:
+    """Resume, the final test and metrics.json need <run dir>/checkpoints (genrec.callbacks.Checkpoints)."""
+    callbacks = _get(cfg, "callbacks")
+    if callbacks is _ABSENT or any(isinstance(c, dict) and c.get("_target_") == "genrec.callbacks.Checkpoints"
+                                   for c in (callbacks or {}).values()):
+        return None
+    return (f"callbacks=[{','.join(callbacks or {})}]: one of them genrec.callbacks.Checkpoints "
+            f"(conf/callbacks/checkpoints.yaml: best.ckpt, last.ckpt), e.g. callbacks=[default,...]")
+
+
+def _lightning_arguments(cfg: DictConfig) -> str | None:
+    """Every key of `trainer.lightning` and of each callback is an argument of its `_target_` (a typo fails
+    here, not when the Trainer is built after the data stage)."""
+    callbacks = _get(cfg, "callbacks")
+    for key in ["trainer.lightning", *(f"callbacks.{k}" for k in (callbacks if isinstance(callbacks, dict) else {}))]:
+        node = _get(cfg, key)
+        if not isinstance(node, dict) or "_target_" not in node:
+            continue
+        try:
+            params = inspect.signature(get_class(node["_target_"])).parameters
+        except Exception:
+            return f"{key}._target_={node['_target_']}: an importable class"
+        if any(p.kind == p.VAR_KEYWORD for p in params.values()):
+            continue
+        for arg in node:
+            if not arg.startswith("_") and arg not in params:
+                near = difflib.get_close_matches(arg, params, 1)
+                return f"{key}.{arg}: not an argument of {node['_target_']}" + (f" (did you mean {near[0]}?)" if near else "")
+    return None
+
+
 CROSS: list[Callable[[DictConfig], str | None]] = [_ks_within_beam, _monitor_is_logged, _sdpo_has_a_start,
-                                                   _stage1_is_an_objective, _reader_is_a_reader]
+                                                   _stage1_is_an_objective, _reader_is_a_reader,
+                                                   _callbacks_keep_checkpoints, _lightning_arguments]
 
 _ABSENT = object()
 

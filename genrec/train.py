@@ -3,6 +3,9 @@
     python -m genrec.train backbone=tiger objective=apao dataset=office
     python -m genrec.train resume=true        # continue the latest matching run from last.ckpt
 
+Lightning's Trainer is `trainer.lightning` (conf/trainer/) instantiated with the logger (conf/logger/)
+and the callbacks (conf/callbacks/): `build_trainer`.
+
 The run dir holds the resolved `config.yaml`, `checkpoints/{last,best}.ckpt`, the
 logger's files and `metrics.json` (final test metrics, best validation metrics, epochs,
 wall time): everything `genrec.report` needs.
@@ -21,12 +24,11 @@ import hydra
 import lightning as L
 import torch
 from hydra.utils import instantiate
-from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
-from lightning.pytorch.plugins import TorchCheckpointIO
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from genrec.callbacks import Checkpoints
 from genrec.config_check import check, exit_if_invalid
 from genrec.data.datamodule import SeqDataModule
 from genrec.data.readers.common import DataError
@@ -38,35 +40,6 @@ from genrec.runs import checkpoint_path, write_json, write_text
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
 VOLATILE = ("resume", "run_dir")  # config keys that may differ between a run and its resumption
-
-
-class AtomicCheckpointIO(TorchCheckpointIO):
-    """Writes each checkpoint to `.<name>.tmp` and renames it into place: a kill while writing
-    leaves the previous last.ckpt / best.ckpt whole, never a half-written one."""
-
-    def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
-        tmp = Path(path).with_name(f".{Path(path).name}.tmp")
-        super().save_checkpoint(checkpoint, tmp, storage_options)
-        os.replace(tmp, path)
-
-
-class Checkpoints(ModelCheckpoint):
-    """best.ckpt as ModelCheckpoint keeps it, and last.ckpt at the end of every epoch, after
-    validation (Lightning's `save_last` skips epochs that do not improve best.ckpt): a resumed
-    run replays at most one epoch."""
-
-    def on_train_epoch_end(self, trainer: L.Trainer, module: L.LightningModule) -> None:
-        super().on_train_epoch_end(trainer, module)
-        trainer.save_checkpoint(Path(self.dirpath) / "last.ckpt")
-
-
-class ResumableEarlyStopping(EarlyStopping):
-    """Lightning does not checkpoint `trainer.should_stop`: without this, a run killed after it
-    stopped early (e.g. during the final test) would train one more epoch when resumed."""
-
-    def on_train_start(self, trainer: L.Trainer, module: L.LightningModule) -> None:
-        if self.stopped_epoch:  # restored from last.ckpt
-            trainer.should_stop = True
 
 
 def keep_logged_rows(logger, epoch: int) -> None:
@@ -192,20 +165,7 @@ def train(cfg: DictConfig, start: float, resume_dir: Path | None, objective_name
     if resume_dir is None and rank_zero_only.rank == 0:
         forget_wandb_run(run_dir)  # a fresh run in a reused dir is a new W&B run
 
-    ckpt = Checkpoints(dirpath=run_dir / "checkpoints", filename="best", monitor=t.monitor, mode=t.monitor_mode,
-                       auto_insert_metric_name=False, enable_version_counter=False)
-    stop = ResumableEarlyStopping(monitor=t.monitor, mode=t.monitor_mode, patience=t.patience)
-    trainer = L.Trainer(
-        max_epochs=t.max_epochs, accelerator=t.accelerator, devices=t.devices, num_nodes=t.num_nodes,
-        strategy=t.strategy, precision=t.precision, accumulate_grad_batches=t.accumulate,
-        gradient_clip_val=t.gradient_clip, callbacks=[ckpt, stop], logger=instantiate(cfg.logger),
-        deterministic=t.deterministic, use_distributed_sampler=False, num_sanity_val_steps=0,
-        check_val_every_n_epoch=t.check_val_every_n_epoch, limit_train_batches=t.limit_train_batches,
-        limit_val_batches=t.limit_val_batches,
-        limit_test_batches=t.limit_test_batches, enable_progress_bar=t.progress_bar, default_root_dir=run_dir,
-        enable_model_summary=False, log_every_n_steps=t.log_every_n_steps,
-    )
-    trainer.strategy.checkpoint_io = AtomicCheckpointIO()
+    trainer = build_trainer(cfg, run_dir)
     last = run_dir / "checkpoints" / "last.ckpt"
     resume_from = last if resume_dir is not None and last.exists() else None
     if trainer.is_global_zero:
@@ -215,6 +175,7 @@ def train(cfg: DictConfig, start: float, resume_dir: Path | None, objective_name
         trainer.logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
     trainer.fit(module, dm, ckpt_path=str(resume_from) if resume_from else None)
     history = list(module.history)
+    ckpt = next(c for c in trainer.callbacks if isinstance(c, Checkpoints))
     best = ckpt.best_model_path or str(last)
     trainer.test(module, dm, ckpt_path=best, verbose=False)
     best_epoch = best_of(history, t.monitor, t.monitor_mode)
@@ -237,6 +198,14 @@ def train(cfg: DictConfig, start: float, resume_dir: Path | None, objective_name
         trainer.logger.finalize("success")
     close_wandb(exit_code=0)  # this job's run; the next job of a sweep starts its own
     return result
+
+
+def build_trainer(cfg: DictConfig, run_dir: Path) -> L.Trainer:
+    """`trainer.lightning` (conf/trainer/) with the logger (conf/logger/), the callbacks (conf/callbacks/, in
+    their config order) and the run dir: every argument of Lightning's Trainer is in the config."""
+    callbacks = [instantiate(c) for c in cfg.callbacks.values()]
+    return instantiate(cfg.trainer.lightning, logger=instantiate(cfg.logger), callbacks=callbacks,
+                       default_root_dir=str(run_dir))
 
 
 def best_of(history: list[dict], monitor: str, mode: str) -> int | None:

@@ -74,6 +74,18 @@ BAD = [  # (overrides, the one line after "error: ")
     (["dataset.reader._target_=genrec.data.readers.common.find_file"],  # no strict=: not a Reader
      "dataset.reader._target_=genrec.data.readers.common.find_file: a reader takes strict= and returns RawData "
      "(genrec.data.readers.common.Reader)"),
+    (["~callbacks.checkpoints"], "callbacks=[early_stopping]: one of them genrec.callbacks.Checkpoints "
+     "(conf/callbacks/checkpoints.yaml: best.ckpt, last.ckpt), e.g. callbacks=[default,...]"),
+    (["+trainer.lightning.max_tme=00:01:00:00"],
+     "trainer.lightning.max_tme: not an argument of lightning.pytorch.Trainer (did you mean max_time?)"),
+    (["+callbacks.early_stopping.patiense=3"],
+     "callbacks.early_stopping.patiense: not an argument of genrec.callbacks.ResumableEarlyStopping "
+     "(did you mean patience?)"),
+    (["+callbacks.swa._target_=lightning.pytorch.callbacks.SWA"],
+     "callbacks.swa._target_=lightning.pytorch.callbacks.SWA: an importable class"),
+    (["callbacks.checkpoints._target_=genrec.Checkpoints"],
+     "callbacks=[checkpoints,early_stopping]: one of them genrec.callbacks.Checkpoints "
+     "(conf/callbacks/checkpoints.yaml: best.ckpt, last.ckpt), e.g. callbacks=[default,...]"),
 ]
 
 
@@ -88,7 +100,7 @@ GROUPS = {g: sorted(p.stem for p in (CONF / g).glob("*.yaml")) for g in ("backbo
 
 def test_every_shipped_config_passes_and_every_checked_key_exists():
     seen = set()
-    configs = [cfg(name="evaluate"), *(cfg(f"experiment={p.stem}") for p in (CONF / "experiment").glob("*.yaml"))]
+    configs = [cfg(name="evaluate"), cfg("callbacks=[default,lr_monitor]"), *(cfg(f"experiment={p.stem}") for p in (CONF / "experiment").glob("*.yaml"))]
     configs += [cfg(f"{group}={choice}", "init_from=x" if choice == "sdpo" else "seed=42")
                 for group, choices in GROUPS.items() for choice in choices]
     for c in configs:
@@ -106,6 +118,8 @@ def _cli(tmp_path: Path, module: str, *args: str) -> subprocess.CompletedProcess
 @pytest.mark.parametrize("module,args,line", [
     ("genrec.train", ["experiment=tiny", "trainer.batch_size=abc"], "error: trainer.batch_size=abc: an integer >= 1"),
     ("genrec.train", ["experiment=tiny", "eval.beam=0"], "error: eval.beam=0: an integer >= 1"),
+    ("genrec.train", ["experiment=tiny", "+trainer.lightning.max_tme=1"],
+     "error: trainer.lightning.max_tme: not an argument of lightning.pytorch.Trainer (did you mean max_time?)"),
     ("genrec.prepare", ["experiment=tiny", "dataset.kcore=0"], "error: dataset.kcore=0: an integer >= 1"),
     ("genrec.evaluate", ["ckpt=nowhere", "eval.beam=0"], "error: eval.beam=0: an integer >= 1"),
     # a sweep stops before its first job: job 0 is fine, job 1 is not

@@ -210,9 +210,9 @@ def test_gpu_trainer_configs_compose_and_lightning_accepts_them(group):
     text = (CONF / "trainer" / f"{group}.yaml").read_text()
     own = [ln for ln in text.splitlines() if ln and not ln.startswith(("#", " ", "defaults"))]
     assert group == "ddp" or all("#" in ln for ln in own), own  # every GPU default says why
-    import lightning as L
-
-    L.Trainer(accelerator="cpu", devices=1, precision=t.precision, deterministic=t.deterministic, logger=False)
+    # conf/trainer's Lightning node as genrec.train builds it, on the CPU (1 device) this test has
+    built = instantiate(t.lightning, accelerator="cpu", devices=1, strategy="auto", logger=False)
+    assert (built.precision, built.accumulate_grad_batches) == (t.precision, t.accumulate)
 
 
 def test_gpu_check_script_runs_its_steps_on_cpu_and_refuses_without_cuda(tmp_path):

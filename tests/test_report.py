@@ -404,3 +404,15 @@ def test_a_run_started_from_another_is_its_own_two_stage_row(tmp_path):
     assert set(cells) == {"APAO-pairwise", "APAO-pairwise (two-stage)", "S-DPO"}
     assert cells["APAO-pairwise"]["mean"] == 0.1 and cells["S-DPO"]["mean"] == 0.2
     assert {r.label for r in load_runs([tmp_path / "ft", tmp_path / "st"])} == {"APAO-pairwise (two-stage)"}
+
+
+def test_seeds_run_on_other_hardware_share_a_cell(tmp_path):
+    """The saved config repeats the hardware keys under trainer.lightning (the Trainer's node): runs that differ
+    only there are seeds of one configuration."""
+    for seed, devices in ((1, 1), (2, 2)):
+        lightning = {"_target_": "lightning.pytorch.Trainer", "devices": devices, "accelerator": "cpu",
+                     "strategy": "ddp" if devices > 1 else "auto", "max_epochs": 3}
+        write_run(tmp_path / f"s{seed}", "beauty", "tiger", OBJECTIVES["ce"], seed, {"test/recall@10": 0.1 * seed},
+                  extra={"trainer": {"monitor": "val/ndcg@10", "devices": devices, "lightning": lightning}})
+    s = rep.report([tmp_path], tmp_path / "out", ["recall@10"])
+    assert [c["n"] for c in s["cells"]] == [2]

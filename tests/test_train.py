@@ -128,3 +128,57 @@ def test_two_stage_pipeline_ce_then_any_objective(tmp_path):
     ranks = [k for k in first if k.startswith(("test/recall@", "test/ndcg@"))]
     assert {k: frozen[k] for k in ranks} == {k: first[k] for k in ranks}
     assert {k: r[k] for k in ranks} != {k: first[k] for k in ranks}  # stage 2 did train
+
+
+# trainer.<key>=<value> -> the Lightning Trainer attribute it must set (conf/trainer/default.yaml's `lightning`)
+USER_KEYS = [("trainer.max_epochs=3", "max_epochs", 3), ("trainer.accumulate=3", "accumulate_grad_batches", 3),
+             ("trainer.gradient_clip=0.5", "gradient_clip_val", 0.5), ("trainer.precision=bf16-mixed", "precision",
+                                                                        "bf16-mixed"),
+             ("trainer.check_val_every_n_epoch=2", "check_val_every_n_epoch", 2),
+             ("trainer.limit_train_batches=7", "limit_train_batches", 7),
+             ("trainer.limit_val_batches=0.5", "limit_val_batches", 0.5),
+             ("trainer.limit_test_batches=3", "limit_test_batches", 3), ("trainer.log_every_n_steps=9",
+                                                                         "log_every_n_steps", 9)]
+
+
+def test_trainer_and_callbacks_built_from_the_keys_users_type(tmp_path):
+    import torch
+    from lightning.pytorch.strategies import DDPStrategy
+
+    from genrec.callbacks import AtomicCheckpointIO, Checkpoints, ResumableEarlyStopping
+    from genrec.train import build_trainer
+
+    deterministic = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    try:
+        cfg = config(tmp_path, *(o for o, _, _ in USER_KEYS), "trainer.progress_bar=false", "trainer.patience=3",
+                     "trainer.monitor=val/loss", "trainer.monitor_mode=min", "trainer.deterministic=warn")
+        t = build_trainer(cfg, tmp_path / "run")
+        for override, attr, value in USER_KEYS:
+            assert getattr(t, attr) == value, override
+        assert t.progress_bar_callback is None and t.num_sanity_val_steps == 0 and t.logger.save_dir == cfg.run_dir
+        assert torch.is_deterministic_algorithms_warn_only_enabled()  # deterministic=warn reached Lightning
+        assert t.default_root_dir == str(tmp_path / "run") and isinstance(t.strategy.checkpoint_io, AtomicCheckpointIO)
+        (ckpt,) = [c for c in t.callbacks if isinstance(c, Checkpoints)]
+        (stop,) = [c for c in t.callbacks if isinstance(c, ResumableEarlyStopping)]
+        assert (ckpt.monitor, ckpt.mode, stop.monitor, stop.mode, stop.patience) == ("val/loss", "min", "val/loss",
+                                                                                      "min", 3)
+        assert build_trainer(config(tmp_path, "trainer.progress_bar=true"), tmp_path).progress_bar_callback is not None
+        ddp = build_trainer(config(tmp_path, "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2",
+                                   "trainer.precision=32-true"), tmp_path / "ddp")
+        assert isinstance(ddp.strategy, DDPStrategy) and ddp.num_devices == 2
+        assert isinstance(ddp.strategy.checkpoint_io, AtomicCheckpointIO)
+    finally:
+        torch.use_deterministic_algorithms(deterministic[0], warn_only=deterministic[1])
+
+
+def test_a_callback_is_one_yaml_in_conf_callbacks(tmp_path):
+    """conf/callbacks/lr_monitor.yaml, added on the command line, logs the learning rate; checkpoints stay."""
+    import pandas as pd
+
+    run(config(tmp_path, "callbacks=[default,lr_monitor]", "trainer.max_epochs=1", "trainer.limit_train_batches=3", "trainer.log_every_n_steps=1",
+               "optim.warmup=0.5"))
+    logged = pd.read_csv(tmp_path / "run" / "logs" / "metrics.csv")
+    lr = logged.filter(like="lr-AdamW").dropna(how="all")
+    # 3 steps, warm-up int(0.5 * 3) = 1 step: (0 + 1) / (1 + 1), then the cosine from 1 at progress 0 and 1/2
+    assert lr.to_numpy().ravel().tolist() == pytest.approx([3e-3 * f for f in (0.5, 0.5, 1.0, 1.0, 0.5, 0.5)])
+    assert (tmp_path / "run" / "checkpoints" / "best.ckpt").exists()

@@ -18,7 +18,10 @@ from omegaconf import OmegaConf
 IGNORED = ("seed", "run_dir", "resume", "data_dir", "tags", "logger", "hydra", "init_from",
            "trainer.accelerator", "trainer.devices", "trainer.num_nodes", "trainer.strategy", "trainer.num_workers",
            "trainer.progress_bar", "trainer.eval_batch_size", "embedder.device", "eval.full_rank", "eval.chunk",
-           "dataset.root", "dataset.reader.root", "tokenizer.path")
+           "dataset.root", "dataset.reader.root", "tokenizer.path",
+           # the same hardware keys as the Trainer receives them (trainer.lightning: interpolations of the above)
+           "trainer.lightning.accelerator", "trainer.lightning.devices", "trainer.lightning.num_nodes",
+           "trainer.lightning.strategy", "trainer.lightning.enable_progress_bar")
 SKIP_DIRS = {".hydra", "checkpoints", "logs", "eval", "wandb", ".git", ".venv", "__pycache__", "data"}
 BACKBONE_NAMES = {"tiger": "TIGER", "llama": "Llama"}
 
