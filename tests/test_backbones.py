@@ -9,6 +9,7 @@ from omegaconf import OmegaConf
 from toy import random_batch, random_sids
 
 from genrec.models.base import BOS, Backbone
+from genrec.models.llama import Llama
 from genrec.models.tiger import Tiger
 
 CONF = Path(__file__).parents[1] / "conf" / "backbone"
@@ -30,8 +31,8 @@ def batch(n: int = 5, seed: int = 0) -> dict:
 
 
 def reference(model: Backbone):
-    """HF's model with the backbone's weights: Tiger's `to_hf` (a copy), Llama's wrapped one."""
-    return model.to_hf() if isinstance(model, Tiger) else model.hf
+    """HF's model with the backbone's weights (`to_hf`: a copy)."""
+    return model.to_hf()
 
 
 def hf_logits(model: Backbone, history, mask, prefix, ref=None) -> torch.Tensor:
@@ -143,7 +144,7 @@ def test_gradients_match_hf(name):
     w = torch.randn(5, 3, 3, V, dtype=torch.float64)
 
     hf = reference(model)
-    names = model.hf_names() if name == "tiger" else {n: n.removeprefix("hf.") for n, _ in model.named_parameters()}
+    names = model.hf_names()
 
     def grads(loss, module):
         module.zero_grad()
@@ -332,6 +333,49 @@ def test_tiger_loads_checkpoints_with_hf_names():
     old = {"hf." + hf: model.state_dict()[ours] for ours, hf in model.hf_names().items()}
     old["hf.lm_head.weight"] = old["hf.shared.weight"]  # tied copies were saved too
     fresh = make("tiger", dropout=0.2)
+    with torch.no_grad():
+        for p in fresh.parameters():
+            p.zero_()
+    fresh.load_state_dict(old)
+    for k, v in model.state_dict().items():
+        assert torch.equal(fresh.state_dict()[k], v), k
+
+
+@pytest.mark.parametrize("tie, kv_heads", [(True, 1), (False, 2)])
+def test_llama_loads_an_hf_llama_and_gives_its_logits(tie, kv_heads):
+    """`Llama.from_hf` on an HF LlamaForCausalLM (its own random init, 3 layers, grouped-query
+    attention or not, tied head or not): HF's logits on left-padded histories + targets (eval,
+    float64), and `to_hf` gives back HF's state dict."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(3)
+    cfg = LlamaConfig(vocab_size=V, hidden_size=16, intermediate_size=24, num_hidden_layers=3, num_attention_heads=4,
+                      num_key_value_heads=kv_heads, max_position_embeddings=64, tie_word_embeddings=tie,
+                      rope_parameters={"rope_type": "default", "rope_theta": 100.0}, rms_norm_eps=1e-5)
+    hf = LlamaForCausalLM(cfg).double().eval()
+    model, b = Llama.from_hf(hf).eval(), batch()
+    assert (model.head is None) == tie and model.layers[0].attn.n_rep == 4 // kv_heads
+    prefix = random_prefix(5, 1, 3, seed=2)[:, 0]
+    ours = model.prefix_logits(model.encode(b["history"], b["mask"]), prefix[:, None])[:, 0]
+    torch.testing.assert_close(ours, hf_logits(model, b["history"], b["mask"], prefix, hf), atol=1e-12, rtol=0)
+    back = model.to_hf().state_dict()
+    for k, v in hf.state_dict().items():
+        assert torch.equal(back[k], v), k
+
+
+def test_llama_draws_hf_initial_weights_and_loads_checkpoints_with_hf_names():
+    """A seed gives the weights HF's Llama draws (so runs reproduce those made when Llama wrapped
+    HF's model), and a state dict saved then (`hf.<HF name>`, tied head included) loads into them."""
+    from transformers import LlamaForCausalLM
+
+    model = make("llama")
+    torch.manual_seed(0)
+    hf = LlamaForCausalLM(model.llama_config).double()
+    old = {"hf." + k: v for k, v in hf.state_dict().items()}
+    assert "hf.lm_head.weight" in old
+    for ours, theirs in model.hf_names().items():
+        assert torch.equal(model.state_dict()[ours], hf.state_dict()[theirs]), ours
+    fresh = make("llama", dropout=0.2)
     with torch.no_grad():
         for p in fresh.parameters():
             p.zero_()

@@ -69,7 +69,7 @@ def test_beam_and_full_rank_scores_under_bf16_autocast_are_not_coarsened(name):
     cfg = OmegaConf.load(CONF / "backbone" / f"{name}_tiny.yaml")
     model = instantiate(cfg, vocab_size=sids.vocab_size, max_positions=64).eval()
     with torch.no_grad():  # a spread of logits like a trained model's
-        w = model.embed.weight if name == "tiger" else model.hf.lm_head.weight  # tied to the embeddings; pad rows are zero
+        w = model.embed.weight  # tied to the head; pad rows are zero
         w.mul_(30 / w.norm(dim=1, keepdim=True).clamp(min=1e-6))
     b, trie = random_batch(sids, 8, hist_items=3), Trie(sids)
 

@@ -3,12 +3,13 @@
 One causal sequence per user: the history tokens (ending with eos, left-padded), then the
 target tokens. Position ids come from the attention mask (cumsum - 1, as HF generate does
 with left padding), so padding never shifts positions; the logits at the history's last
-(eos) position predict target token 1. The HF model is kept as `self.hf`; the forward is
-re-written here on its modules so that the history is prefilled once per user (`encode`)
-and the N target prefixes (or K beams) of a user all attend to that one history cache: one
-score computation per user against the shared history keys plus a small causal one over
-each row's own tokens, joined in one softmax. The math follows
-`transformers.models.llama.modeling_llama`; tests check it against `self.hf(...)`.
+(eos) position predict target token 1. The layers are `genrec.models.llama_block.Layer`s
+(the Llama layer math, once). HF's Llama is the reference: `Llama.from_hf` / `to_hf` convert
+weights both ways (the tests compare logits), and a new Llama draws its initial weights by
+building HF's LlamaForCausalLM with the same config (so a seed gives the weights it always gave).
+The history is prefilled once per user (`encode`) and the N target prefixes (or K beams) of a
+user all attend to that one history cache: one score computation per user against the shared
+history keys plus a small causal one over each row's own tokens, joined in one softmax.
 """
 
 from __future__ import annotations
@@ -17,13 +18,13 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 from transformers import LlamaConfig, LlamaForCausalLM
-from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from genrec.models.base import BOS, EOS, PAD, Backbone
 from genrec.models.head import float_logits, head_logprobs
+from genrec.models.llama_block import Layer, RMSNorm, Rotary
 
 KV = list[tuple[Tensor, Tensor]]  # per layer (keys, values)
 
@@ -64,21 +65,27 @@ class Llama(Backbone):
         rms_norm_eps: float = 1e-6,
         memory: str = "checkpoint",
         memory_users: int | None = 16,
+        init_from_hf: bool = True,
         **legacy,
     ) -> None:
         """`memory`: `checkpoint`: training on N > 1 candidates per user (pairwise APAO, S-DPO) runs
         `memory_users` users at a time and keeps only each layer's input, recomputing its
         activations in backward (one more candidate forward; Office, N = 100, batch 128: peak RSS
-        13.9 GB -> see README); `none` keeps them. `legacy`: `remat_users` of configs saved before
-        `memory` (null: none; n: checkpoint on n users)."""
+        13.9 GB -> see README); `none` keeps them. `init_from_hf`: draw the initial weights as HF's
+        Llama does (False: leave them uninitialised, for `from_hf`). `legacy`: `remat_users` of
+        configs saved before `memory` (null: none; n: checkpoint on n users)."""
         super().__init__()
         if "remat_users" in legacy:
             n = legacy.pop("remat_users")
             memory, memory_users = ("checkpoint", n) if n else ("none", memory_users)
         if legacy or memory not in ("checkpoint", "none"):
             raise ValueError(f"Llama: backbone.memory={memory} (checkpoint or none); unknown keys {sorted(legacy)}")
-        self.vocab_size = vocab_size
-        config = LlamaConfig(
+        if hidden_size % num_heads or num_heads % num_kv_heads:
+            raise ValueError(f"Llama: hidden_size={hidden_size}, num_heads={num_heads}, num_kv_heads={num_kv_heads}: "
+                             "heads must divide hidden_size and kv heads must divide heads")
+        self.vocab_size, self.max_positions = vocab_size, max_positions
+        self.memory, self.memory_users = memory, memory_users
+        self.llama_config = LlamaConfig(
             vocab_size=vocab_size,
             hidden_size=hidden_size,
             intermediate_size=intermediate_size,
@@ -94,63 +101,87 @@ class Llama(Backbone):
             bos_token_id=BOS,
             eos_token_id=EOS,
         )
-        self.hf = LlamaForCausalLM(config)
-        self.n_rep, self.head_dim = num_heads // num_kv_heads, config.head_dim
-        self.memory, self.memory_users = memory, memory_users
+        hf = LlamaForCausalLM(self.llama_config) if init_from_hf else None  # HF's init draws, in HF's order
+        with torch.device("meta"):  # no RNG draws, no memory: the weights come from `hf` or `from_hf`
+            self.embed = nn.Embedding(vocab_size, hidden_size, padding_idx=PAD)  # pad: no gradient, as HF's
+            self.layers = nn.ModuleList([Layer(hidden_size, num_heads, num_kv_heads, intermediate_size, dropout,
+                                               rms_norm_eps) for _ in range(num_layers)])
+            self.norm = RMSNorm(hidden_size, rms_norm_eps)
+            self.head = None if tie_embeddings else nn.Linear(hidden_size, vocab_size, bias=False)
+        self.to_empty(device="cpu")
+        self.rotary = Rotary(hidden_size // num_heads, rope_theta)
+        if hf is not None:
+            self.load_state_dict(self._from_hf_state(hf.state_dict()))
+        self._register_load_state_dict_pre_hook(self._upgrade_state)
 
-    def _heads(self, x: Tensor) -> Tensor:
-        """[..., S, h * d] -> [..., h, S, d]."""
-        return x.unflatten(-1, (-1, self.head_dim)).transpose(-2, -3)
+    @property
+    def head_weight(self) -> Tensor:
+        """The output head [V, D] (the embeddings when tied)."""
+        return self.embed.weight if self.head is None else self.head.weight
 
-    def _attend(self, q: Tensor, k: Tensor, v: Tensor, own_mask: Tensor | None, enc: LlamaEncoding | None, i: int):
-        """q [B, N, H, S, d] over each row's own keys k, v [B, N, H, t, d] (masked by `own_mask`)
-        and, if `enc`, the user's shared history K/V [B, H, L, d] (layer i): one softmax over both."""
-        p = self.hf.config.attention_dropout if self.training else 0.0
-        if enc is None:  # history prefill (N = 1); SDPA's fused CPU kernel wants 4-D inputs
-            y = F.scaled_dot_product_attention(*(x.flatten(0, 1) for x in (q, k, v, own_mask)), dropout_p=p)
-            return y.unflatten(0, q.shape[:2])
-        B, N, H, S, d = q.shape
-        (hk, hv), L = enc.kv[i], enc.mask.shape[1]
-        own = q @ k.transpose(-1, -2) * d**-0.5  # [B, N, H, S, t]
-        if own_mask is not None:
-            own = own.masked_fill(~own_mask, float("-inf"))
-        qh = q.transpose(1, 2).reshape(B, H, N * S, d)  # all rows of a user are queries of one product
-        hist = (qh @ hk.transpose(-1, -2) * d**-0.5).masked_fill(~enc.mask[:, None, None], float("-inf"))
-        scores = torch.cat([hist.view(B, H, N, S, L).transpose(1, 2), own], -1)  # [B, N, H, S, L + t]
-        a = F.dropout(scores.softmax(-1), p, self.training)
-        yh = a[..., :L].transpose(1, 2).reshape(B, H, N * S, L) @ hv  # [B, H, N * S, d]
-        return yh.view(B, H, N, S, d).transpose(1, 2) + a[..., L:] @ v
+    # --- HF's Llama <-> Llama ----------------------------------------------------------------------------------
+    def hf_names(self) -> dict[str, str]:
+        """Each of our parameter names -> HF's LlamaForCausalLM name."""
+        names = {"embed.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight"}
+        if self.head is not None:
+            names["head.weight"] = "lm_head.weight"
+        sub = {"attn.q": "self_attn.q_proj", "attn.k": "self_attn.k_proj", "attn.v": "self_attn.v_proj",
+               "attn.o": "self_attn.o_proj", "mlp.gate": "mlp.gate_proj", "mlp.up": "mlp.up_proj",
+               "mlp.down": "mlp.down_proj", "attn_norm": "input_layernorm", "mlp_norm": "post_attention_layernorm"}
+        for i in range(len(self.layers)):
+            for ours, hf in sub.items():
+                names[f"layers.{i}.{ours}.weight"] = f"model.layers.{i}.{hf}.weight"
+        return names
 
+    def _from_hf_state(self, state: dict, prefix: str = "") -> dict:
+        return {ours: state[prefix + hf] for ours, hf in self.hf_names().items()}
+
+    def _upgrade_state(self, state: dict, prefix: str, *args) -> None:
+        """Checkpoints written before genrec owned the Llama layer hold HF's names under `hf.`: rename them."""
+        if prefix + "hf.model.embed_tokens.weight" in state:
+            for ours, hf in self.hf_names().items():
+                state[prefix + ours] = state[prefix + "hf." + hf]
+            for key in [k for k in state if k.startswith(prefix + "hf.")]:
+                del state[key]
+
+    @classmethod
+    def from_hf(cls, hf: LlamaForCausalLM, max_positions: int = 0, **kwargs) -> Llama:
+        """A Llama with HF's weights (no biases, SiLU, default RoPE, head_dim = hidden_size / num_heads)."""
+        c = hf.config
+        rope = c.rope_parameters or {}
+        if (c.attention_bias or c.mlp_bias or c.hidden_act != "silu" or rope.get("rope_type", "default") != "default"
+                or c.head_dim != c.hidden_size // c.num_attention_heads or c.pretraining_tp != 1):
+            raise ValueError("Llama.from_hf: only Llama without biases, with SiLU, default RoPE and head_dim = "
+                             "hidden_size / num_heads")
+        model = cls(c.vocab_size, max_positions or c.max_position_embeddings, c.hidden_size, c.num_hidden_layers,
+                    c.num_attention_heads, c.num_key_value_heads, c.intermediate_size, rope["rope_theta"],
+                    c.tie_word_embeddings, c.attention_dropout, c.rms_norm_eps, init_from_hf=False, **kwargs)
+        model.load_state_dict(model._from_hf_state(hf.state_dict()))
+        return model.to(hf.dtype)
+
+    def to_hf(self) -> LlamaForCausalLM:
+        """HF's Llama with these weights (generate, reference logits, export)."""
+        hf = LlamaForCausalLM(self.llama_config)
+        state = self.state_dict()
+        hf.load_state_dict({hf_name: state[ours] for ours, hf_name in self.hf_names().items()}, strict=False)
+        return hf.to(self.embed.weight).train(self.training)
+
+    # --- the layers --------------------------------------------------------------------------------------------
     def _forward(
         self, tokens: Tensor, pos: Tensor, own_mask: Tensor | None, enc: LlamaEncoding | None, past: KV | None
     ) -> tuple[Tensor, KV]:
         """Final hidden states [B, N, S, D] of S new tokens per row (position ids `pos` [B, N, S])
         after each row's cached `past` tokens and the shared history `enc`; and the new cache."""
-        model = self.hf.model
-        x = model.embed_tokens(tokens)
-        cos, sin = model.rotary_emb(x, pos)
+        x = self.embed(tokens)
+        cos, sin = self.rotary(pos, x.dtype)
         remat = self._remat(tokens)
         cache = []
-        for i in range(len(model.layers)):
-            args = (i, x, cos, sin, own_mask, enc, None if past is None else past[i])
-            x, k, v = checkpoint(self._layer, *args, use_reentrant=False) if remat else self._layer(*args)
+        for i, layer in enumerate(self.layers):
+            args = (x, cos, sin, own_mask, None if enc is None else (*enc.kv[i], enc.mask),
+                    None if past is None else past[i])
+            x, k, v = checkpoint(layer, *args, use_reentrant=False) if remat else layer(*args)
             cache.append((k, v))
-        return model.norm(x), cache
-
-    def _layer(self, i: int, x: Tensor, cos: Tensor, sin: Tensor, own_mask: Tensor | None, enc: LlamaEncoding | None,
-               past: tuple[Tensor, Tensor] | None) -> tuple[Tensor, Tensor, Tensor]:
-        """Decoder layer i: the new states x and the rows' own keys/values (after `past`)."""
-        layer = self.hf.model.layers[i]
-        att = layer.self_attn
-        h = layer.input_layernorm(x)
-        q, k, v = self._heads(att.q_proj(h)), self._heads(att.k_proj(h)), self._heads(att.v_proj(h))
-        q, k = apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=-3)
-        k, v = k.repeat_interleave(self.n_rep, -3), v.repeat_interleave(self.n_rep, -3)
-        if past is not None:
-            k, v = torch.cat([past[0], k], -2), torch.cat([past[1], v], -2)
-        y = self._attend(q, k, v, own_mask, enc, i)
-        x = x + att.o_proj(y.transpose(-2, -3).flatten(-2))
-        return x + layer.mlp(layer.post_attention_layernorm(x)), k, v
+        return self.norm(x), cache
 
     def encode(self, history: Tensor, mask: Tensor) -> LlamaEncoding:
         mask = mask.bool()
@@ -160,7 +191,7 @@ class Llama(Backbone):
         own = causal & (mask[:, None, :] | torch.eye(L, dtype=torch.bool, device=mask.device))  # pads see themselves
         x, cache = self._forward(history[:, None], pos[:, None], own[:, None, None], None, None)
         kv = [(k[:, 0], v[:, 0]) for k, v in cache]
-        return LlamaEncoding(mask, mask.sum(-1), kv, float_logits(x[:, 0, -1], self.hf.lm_head.weight))
+        return LlamaEncoding(mask, mask.sum(-1), kv, float_logits(x[:, 0, -1], self.head_weight))
 
     def _remat(self, tokens: Tensor) -> bool:
         """Recompute the candidates' layer activations in backward (training on N > 1 candidates)?"""
@@ -181,7 +212,7 @@ class Llama(Backbone):
         first = enc.logits[:, None, None].expand(B, N, 1, -1)
         if m == 0:
             return first
-        return torch.cat([first, self.hf.lm_head(self._prefix_states(enc, prefix))], 2)
+        return torch.cat([first, F.linear(self._prefix_states(enc, prefix), self.head_weight)], 2)
 
     def prefix_logprobs(self, enc: LlamaEncoding, prefix: Tensor, tokens: Tensor, temperature: float = 1.0) -> Tensor:
         """Straight from the final hidden states (`genrec.models.head`: no [B, N, m + 1, V] tensor)."""
@@ -192,7 +223,7 @@ class Llama(Backbone):
             return first
         rows = torch.arange(B * N * m, device=prefix.device).view(B, N, m)
         h = self._prefix_states(enc, prefix).flatten(0, 2)
-        return torch.cat([first, head_logprobs(h, self.hf.lm_head.weight, rows, tokens[..., 1:], temperature)], -1)
+        return torch.cat([first, head_logprobs(h, self.head_weight, rows, tokens[..., 1:], temperature)], -1)
 
     def start(self, enc: LlamaEncoding) -> LlamaState:
         return LlamaState(enc, None)
@@ -208,4 +239,4 @@ class Llama(Backbone):
             t = cache[0][0].shape[-2]
         pos = (enc.length + t)[:, None, None].expand(*tokens.shape, 1)
         x, cache = self._forward(tokens[..., None], pos, None, enc, cache)
-        return float_logits(x[:, :, -1], self.hf.lm_head.weight), LlamaState(enc, cache)
+        return float_logits(x[:, :, -1], self.head_weight), LlamaState(enc, cache)
