@@ -93,8 +93,8 @@ def ours(model, trie, history, mask, beam, batch):
 
 @functools.cache
 def hf_of(model):
-    """HF's model with the backbone's weights (TIGER: a copy, `to_hf`; Llama: the wrapped one)."""
-    return model.to_hf().eval() if hasattr(model, "to_hf") else model.hf
+    """HF's model (T5 / Llama) with a copy of the backbone's weights (`to_hf`): the reference and the floor."""
+    return model.to_hf().eval()
 
 
 @torch.no_grad()
