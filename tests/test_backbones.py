@@ -327,18 +327,22 @@ def test_tiger_loads_an_hf_t5_and_gives_its_logits():
         assert torch.equal(back[k], v), k
 
 
-def test_tiger_loads_checkpoints_with_hf_names():
-    """A state dict saved when Tiger wrapped HF's T5 (`hf.<HF name>`) loads into the same weights."""
-    model = make("tiger")
-    old = {"hf." + hf: model.state_dict()[ours] for ours, hf in model.hf_names().items()}
-    old["hf.lm_head.weight"] = old["hf.shared.weight"]  # tied copies were saved too
-    fresh = make("tiger", dropout=0.2)
+def assert_loads_into_zeroed(old: dict, model, fresh) -> None:
+    """`old` loaded into `fresh` (all parameters zeroed first) gives `model`'s state exactly."""
     with torch.no_grad():
         for p in fresh.parameters():
             p.zero_()
     fresh.load_state_dict(old)
     for k, v in model.state_dict().items():
         assert torch.equal(fresh.state_dict()[k], v), k
+
+
+def test_tiger_loads_checkpoints_with_hf_names():
+    """A state dict saved when Tiger wrapped HF's T5 (`hf.<HF name>`) loads into the same weights."""
+    model = make("tiger")
+    old = {"hf." + hf: model.state_dict()[ours] for ours, hf in model.hf_names().items()}
+    old["hf.lm_head.weight"] = old["hf.shared.weight"]  # tied copies were saved too
+    assert_loads_into_zeroed(old, model, make("tiger", dropout=0.2))
 
 
 @pytest.mark.parametrize("tie, kv_heads", [(True, 1), (False, 2)])
@@ -375,10 +379,4 @@ def test_llama_draws_hf_initial_weights_and_loads_checkpoints_with_hf_names():
     assert "hf.lm_head.weight" in old
     for ours, theirs in model.hf_names().items():
         assert torch.equal(model.state_dict()[ours], hf.state_dict()[theirs]), ours
-    fresh = make("llama", dropout=0.2)
-    with torch.no_grad():
-        for p in fresh.parameters():
-            p.zero_()
-    fresh.load_state_dict(old)
-    for k, v in model.state_dict().items():
-        assert torch.equal(fresh.state_dict()[k], v), k
+    assert_loads_into_zeroed(old, model, make("llama", dropout=0.2))

@@ -47,6 +47,23 @@ class PrefixState:
 
 class Backbone(nn.Module):
     vocab_size: int
+    legacy_key: str = ""  # a key of checkpoints saved when the backbone wrapped HF's model (under `hf.`)
+
+    def hf_names(self) -> dict[str, str]:
+        """Our parameter name -> HF's (backbones whose weights convert to and from an HF model)."""
+        raise NotImplementedError
+
+    def _from_hf_state(self, state: dict, prefix: str = "") -> dict:
+        return {ours: state[prefix + hf] for ours, hf in self.hf_names().items()}
+
+    def _upgrade_state(self, state: dict, prefix: str, *args) -> None:
+        """A load_state_dict pre-hook: checkpoints written when the backbone wrapped HF's model hold HF's
+        names under `hf.`; rename them."""
+        if self.legacy_key and prefix + "hf." + self.legacy_key in state:
+            for ours, hf in self.hf_names().items():
+                state[prefix + ours] = state[prefix + "hf." + hf]
+            for key in [k for k in state if k.startswith(prefix + "hf.")]:
+                del state[key]
 
     def encode(self, history: torch.Tensor, mask: torch.Tensor) -> Any:
         raise NotImplementedError

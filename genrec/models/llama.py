@@ -50,6 +50,7 @@ class LlamaState:
 
 
 class Llama(Backbone):
+    legacy_key = "model.embed_tokens.weight"  # checkpoints saved when Llama wrapped HF's LlamaForCausalLM
     def __init__(
         self,
         vocab_size: int,
@@ -132,17 +133,6 @@ class Llama(Backbone):
             for ours, hf in sub.items():
                 names[f"layers.{i}.{ours}.weight"] = f"model.layers.{i}.{hf}.weight"
         return names
-
-    def _from_hf_state(self, state: dict, prefix: str = "") -> dict:
-        return {ours: state[prefix + hf] for ours, hf in self.hf_names().items()}
-
-    def _upgrade_state(self, state: dict, prefix: str, *args) -> None:
-        """Checkpoints written before genrec owned the Llama layer hold HF's names under `hf.`: rename them."""
-        if prefix + "hf.model.embed_tokens.weight" in state:
-            for ours, hf in self.hf_names().items():
-                state[prefix + ours] = state[prefix + "hf." + hf]
-            for key in [k for k in state if k.startswith(prefix + "hf.")]:
-                del state[key]
 
     @classmethod
     def from_hf(cls, hf: LlamaForCausalLM, max_positions: int = 0, **kwargs) -> Llama:

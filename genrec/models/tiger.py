@@ -72,6 +72,7 @@ def _mix(p: Tensor, v: Tensor, j: Tensor) -> Tensor:
 
 
 class Tiger(Backbone):
+    legacy_key = "shared.weight"  # checkpoints saved when Tiger wrapped HF's T5
     def __init__(
         self,
         vocab_size: int,
@@ -161,17 +162,6 @@ class Tiger(Backbone):
                     names[ours + "attn.bias.relative_attention_bias.weight"] = \
                         hf + "0.SelfAttention.relative_attention_bias.weight"
         return names
-
-    def _from_hf_state(self, state: dict, prefix: str = "") -> dict:
-        return {ours: state[prefix + hf] for ours, hf in self.hf_names().items()}
-
-    def _upgrade_state(self, state: dict, prefix: str, *args) -> None:
-        """Checkpoints written before genrec owned the T5 block hold HF's names under `hf.`: rename them."""
-        if prefix + "hf.shared.weight" in state:
-            for ours, hf in self.hf_names().items():
-                state[prefix + ours] = state[prefix + "hf." + hf]
-            for key in [k for k in state if k.startswith(prefix + "hf.")]:
-                del state[key]
 
     @classmethod
     def from_hf(cls, t5: T5ForConditionalGeneration, max_positions: int = 0, **kwargs) -> Tiger:
