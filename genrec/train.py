@@ -105,7 +105,7 @@ def compose_objective(name: str) -> DictConfig:
     if GlobalHydra.instance().is_initialized():  # inside the Hydra app
         return compose("config", overrides=[f"objective={name}"]).objective
     with initialize_config_dir(str(CONF), version_base="1.3"):  # run() called directly
-        return compose("config", overrides=[f"objective={name}"]).objective
+        return compose_objective(name)
 
 
 def stage1_config(cfg: DictConfig) -> DictConfig:
@@ -159,7 +159,7 @@ def train(cfg: DictConfig, start: float, resume_dir: Path | None, objective_name
     t = cfg.trainer
     data = prepare(cfg, log=lambda m: print(m, file=sys.stderr))
     dm = SeqDataModule(data.seq, data.sids, cfg.dataset.max_history, t.batch_size, t.eval_batch_size, cfg.seed,
-                       t.num_workers, t.pin_memory, t.val_users, t.get("length_window", 50))
+                       t.num_workers, t.pin_memory, t.val_users, t.length_window)
     module = GenRec(cfg, data.sids, dm.item_counts())  # LR schedule length: from the Trainer (world size)
     module.clock = (start, 0.0)  # validation points' wall seconds count from this process's start
     if resume_dir is None and rank_zero_only.rank == 0:

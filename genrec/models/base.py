@@ -56,6 +56,13 @@ class Backbone(nn.Module):
     def _from_hf_state(self, state: dict, prefix: str = "") -> dict:
         return {ours: state[prefix + hf] for ours, hf in self.hf_names().items()}
 
+    def _export_to(self, hf: nn.Module) -> nn.Module:
+        """`hf` (an HF model built from this backbone's config) holding these weights, on their device and
+        dtype, in this backbone's train/eval mode."""
+        state = self.state_dict()
+        hf.load_state_dict({theirs: state[ours] for ours, theirs in self.hf_names().items()}, strict=False)
+        return hf.to(next(self.parameters())).train(self.training)
+
     def _upgrade_state(self, state: dict, prefix: str, *args) -> None:
         """A load_state_dict pre-hook: checkpoints written when the backbone wrapped HF's model hold HF's
         names under `hf.`; rename them."""

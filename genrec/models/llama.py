@@ -151,10 +151,7 @@ class Llama(Backbone):
 
     def to_hf(self) -> LlamaForCausalLM:
         """HF's Llama with these weights (generate, reference logits, export)."""
-        hf = LlamaForCausalLM(self.llama_config)
-        state = self.state_dict()
-        hf.load_state_dict({hf_name: state[ours] for ours, hf_name in self.hf_names().items()}, strict=False)
-        return hf.to(self.embed.weight).train(self.training)
+        return self._export_to(LlamaForCausalLM(self.llama_config))
 
     # --- the layers --------------------------------------------------------------------------------------------
     def _forward(

@@ -177,10 +177,7 @@ class Tiger(Backbone):
 
     def to_hf(self) -> T5ForConditionalGeneration:
         """HF's T5 with these weights (generate, reference logits, export)."""
-        t5 = T5ForConditionalGeneration(self.t5_config)
-        state = self.state_dict()
-        t5.load_state_dict({hf: state[ours] for ours, hf in self.hf_names().items()}, strict=False)
-        return t5.to(self.embed.weight).train(self.training)
+        return self._export_to(T5ForConditionalGeneration(self.t5_config))
 
     # --- shared pieces -----------------------------------------------------------------------------------------
     def _heads(self, x: Tensor) -> Tensor:
