@@ -37,10 +37,19 @@ class GenRec(EvalModule):
         self._finite: torch.Tensor | None = None  # per loss term: finite at every step since the last check
         self.history: list[dict] = []  # validation metrics per epoch (checkpointed)
         self.clock = (time.time(), 0.0)  # (this process's start, seconds its earlier processes ran: a resume's)
+        self.train_seconds = 0.0  # wall seconds in training epochs (validation excluded), over a resume's processes
+        self._epoch_start: float | None = None
 
     # ---- training -------------------------------------------------------------------
     def on_train_epoch_start(self) -> None:
         self.objective.on_epoch_start(self.current_epoch)
+        self._epoch_start = time.time()
+
+    def _stop_epoch_clock(self) -> None:
+        """Add the training part of this epoch (up to its validation or its end) to `train_seconds`."""
+        if self._epoch_start is not None:
+            self.train_seconds += time.time() - self._epoch_start
+            self._epoch_start = None
 
     def on_train_batch_start(self, batch: dict, batch_idx: int) -> None:
         # Dropout depends only on (seed, epoch, batch, rank): a resumed run replays it exactly.
@@ -60,6 +69,7 @@ class GenRec(EvalModule):
         return loss
 
     def on_train_epoch_end(self) -> None:
+        self._stop_epoch_clock()
         self._check_finite("epoch end")
 
     def _check_finite(self, where: str) -> None:
@@ -72,6 +82,9 @@ class GenRec(EvalModule):
                             f"term(s) {', '.join(bad)}; try a lower optim.lr or trainer.gradient_clip")
 
     # ---- evaluation (EvalModule's, plus the training loss and the history) ------------
+    def on_validation_start(self) -> None:
+        self._stop_epoch_clock()
+
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         super().validation_step(batch, batch_idx)
         if self.cfg.trainer.monitor == "val/objective_loss":  # the APAO release selects on its training loss
@@ -91,10 +104,15 @@ class GenRec(EvalModule):
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["val_history"] = self.history
         checkpoint["elapsed"] = self.elapsed()
+        checkpoint["train_elapsed"] = self.train_seconds
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
+        """A resume restores the history and the clocks; testing the best checkpoint keeps this run's."""
+        if self._trainer is not None and self.trainer.state.fn != "fit":
+            return
         self.history = checkpoint.get("val_history", [])
         self.clock = (self.clock[0], checkpoint.get("elapsed", 0.0))
+        self.train_seconds = checkpoint.get("train_elapsed", 0.0)
 
     # ---- optimisation ---------------------------------------------------------------
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:

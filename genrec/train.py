@@ -16,6 +16,7 @@ from __future__ import annotations
 import csv
 import io
 import os
+import resource
 import sys
 import time
 from pathlib import Path
@@ -184,7 +185,8 @@ def train(cfg: DictConfig, start: float, resume_dir: Path | None, objective_name
         **({f"val/{k}": v for k, v in next(h for h in history if h["epoch"] == best_epoch).items()
             if k not in ("epoch", "seconds")}
            if best_epoch is not None else {}),
-        "best_epoch": best_epoch, "epochs": trainer.current_epoch, "seconds": round(time.time() - start, 1),
+        "best_epoch": best_epoch, "epochs": trainer.current_epoch,
+        **cost(module, trainer),
         "dataset": cfg.dataset.name, "backbone": _choice(cfg, "backbone"), "objective": objective_name or _choice(cfg, "objective"),
         "seed": cfg.seed, "eval_score": module.evaluator.score, "eval_temperature": module.evaluator.temperature,
         "checkpoint": best, "history": history,
@@ -198,6 +200,17 @@ def train(cfg: DictConfig, start: float, resume_dir: Path | None, objective_name
         trainer.logger.finalize("success")
     close_wandb(exit_code=0)  # this job's run; the next job of a sweep starts its own
     return result
+
+
+def cost(module: GenRec, trainer: L.Trainer) -> dict:
+    """Wall seconds (all of a resumed run's processes, data stage and test included), of which training
+    epochs, and peak resident memory of the largest process (GPU: peak allocated, too)."""
+    peak = torch.tensor([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,  # KiB -> GiB (Linux)
+                         torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else 0.0])
+    peak = trainer.strategy.reduce(peak.to(module.device), reduce_op="max").cpu()
+    return {"seconds": round(module.elapsed(), 1), "train_seconds": round(module.train_seconds, 1),
+            "peak_rss_gb": round(float(peak[0]), 2), **({"peak_gpu_gb": round(float(peak[1]), 2)} if peak[1] else {}),
+            "processes": trainer.world_size}
 
 
 def build_trainer(cfg: DictConfig, run_dir: Path) -> L.Trainer:

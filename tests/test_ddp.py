@@ -65,6 +65,7 @@ def test_gloo_ddp_more_ranks_than_batches_evaluates_every_user_once(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     m = json.loads((run_dir / "metrics.json").read_text())
     assert m["test/users"] == 300 and m["val/users"] == 300
+    assert m["processes"] == 4 and m["peak_rss_gb"] > 0.1  # the largest of the 4 processes
     ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
     assert ckpt["global_step"] == 1 and ckpt["optimizer_states"][0]["param_groups"][0]["lr"] == 0.0
 
