@@ -37,7 +37,9 @@ class GenRec(EvalModule):
         self._finite: torch.Tensor | None = None  # per loss term: finite at every step since the last check
         self.history: list[dict] = []  # validation metrics per epoch (checkpointed)
         self.clock = (time.time(), 0.0)  # (this process's start, seconds its earlier processes ran: a resume's)
-        self.train_seconds = 0.0  # wall seconds in training epochs (validation excluded), over a resume's processes
+        # wall seconds in training epochs (validation excluded), over a resume's processes; None: not known (a
+        # resume from a checkpoint written before genrec counted them)
+        self.train_seconds: float | None = 0.0
         self._epoch_start: float | None = None
 
     # ---- training -------------------------------------------------------------------
@@ -47,7 +49,7 @@ class GenRec(EvalModule):
 
     def _stop_epoch_clock(self) -> None:
         """Add the training part of this epoch (up to its validation or its end) to `train_seconds`."""
-        if self._epoch_start is not None:
+        if self._epoch_start is not None and self.train_seconds is not None:
             self.train_seconds += time.time() - self._epoch_start
             self._epoch_start = None
 
@@ -112,7 +114,7 @@ class GenRec(EvalModule):
             return
         self.history = checkpoint.get("val_history", [])
         self.clock = (self.clock[0], checkpoint.get("elapsed", 0.0))
-        self.train_seconds = checkpoint.get("train_elapsed", 0.0)
+        self.train_seconds = checkpoint.get("train_elapsed")
 
     # ---- optimisation ---------------------------------------------------------------
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:

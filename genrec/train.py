@@ -208,7 +208,8 @@ def cost(module: GenRec, trainer: L.Trainer) -> dict:
     peak = torch.tensor([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,  # KiB -> GiB (Linux)
                          torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else 0.0])
     peak = trainer.strategy.reduce(peak.to(module.device), reduce_op="max").cpu()
-    return {"seconds": round(module.elapsed(), 1), "train_seconds": round(module.train_seconds, 1),
+    train = None if module.train_seconds is None else round(module.train_seconds, 1)
+    return {"seconds": round(module.elapsed(), 1), "train_seconds": train,
             "peak_rss_gb": round(float(peak[0]), 2), **({"peak_gpu_gb": round(float(peak[1]), 2)} if peak[1] else {}),
             "processes": trainer.world_size}
 
