@@ -75,8 +75,12 @@ class GenRec(EvalModule):
         self._check_finite("epoch end")
 
     def _check_finite(self, where: str) -> None:
-        """Raise if a loss term was non-finite at a step since the last check."""
+        """Raise if a loss term was non-finite at a step since the last check, on any process: every rank
+        checks at the same steps and raises together (one rank stopping alone leaves the others waiting in
+        the next gradient all-reduce)."""
         finite, self._finite = self._finite, None
+        if finite is not None and self.trainer.world_size > 1:
+            finite = self.trainer.strategy.reduce(finite.float(), reduce_op="min").bool()
         if finite is None or bool(finite.all()):
             return
         bad = [k for k, ok in zip(self._terms, finite.tolist()) if not ok]

@@ -182,3 +182,16 @@ def test_a_callback_is_one_yaml_in_conf_callbacks(tmp_path):
     # 3 steps, warm-up int(0.5 * 3) = 1 step: (0 + 1) / (1 + 1), then the cosine from 1 at progress 0 and 1/2
     assert lr.to_numpy().ravel().tolist() == pytest.approx([3e-3 * f for f in (0.5, 0.5, 1.0, 1.0, 0.5, 0.5)])
     assert (tmp_path / "run" / "checkpoints" / "best.ckpt").exists()
+
+
+def test_nan_loss_on_one_ddp_rank_stops_every_rank_with_the_error(tmp_path):
+    """The loss turns NaN on rank 1 only: both ranks stop at the same step with the non-finite-loss error
+    (a rank that raised alone left the other in a collective: a hang on NCCL, a peer error on gloo)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "tests")}
+    out = subprocess.run(_train_cmd(tmp_path / "nan", tmp_path / "data", "trainer=ddp", "trainer.accelerator=cpu",
+                                    "objective._target_=rank_nan.NanOnRankOne"),
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2, out.stderr[-3000:]
+    assert "non-finite loss at epoch 0, by step 2" in out.stderr and "Traceback" not in out.stderr, out.stderr[-3000:]
+    failed = json.loads((tmp_path / "nan" / "failed.json").read_text())
+    assert failed["error"].startswith("NonFiniteLoss: non-finite loss at epoch 0, by step 2")
