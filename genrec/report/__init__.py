@@ -9,7 +9,8 @@ per column within each backbone in bold; with `paper` (reference numbers), a "pa
 beside each metric that has one, with the reference's own gain over its baseline row. Several
 configurations of one objective on one dataset and backbone (a β × η sweep) are reduced to the one with
 the best mean validation score (each run's `trainer.monitor`, or `select`), as the papers tune on
-validation; the sweep itself becomes a sensitivity plot. A run dir without metrics.json is a `failed`
+validation; the sweep itself becomes a sensitivity plot. Runs of another experiment preset (`tags`) than
+the most common one are rows of their own, "CE [apao_release]", with the reference numbers of "CE". A run dir without metrics.json is a `failed`
 cell if it has failed.json or was last touched more than `stale_minutes` ago, else `running`. Writes
 table.md, table.tex, table.csv (wide, as shown), cells.csv (long, numeric), summary.json and the PNGs
 for which data exists.
@@ -28,7 +29,7 @@ from typing import Callable, Sequence
 
 from genrec.report import plots  # noqa: F401  (tests patch genrec.report.plots)
 from genrec.report.figures import diagnostic_plots, sensitivity_plots
-from genrec.report.load import BACKBONE_NAMES, Run, load_runs, objective_label  # noqa: F401
+from genrec.report.load import BACKBONE_NAMES, Run, load_runs, mark_recipes, objective_label  # noqa: F401
 from genrec.report.select import choose, group, varying
 from genrec.report.table import Reference, cells, text, write_tables
 from genrec.runs import write_text
@@ -43,6 +44,7 @@ def report(runs: Sequence[str | Path], out: str | Path, metrics: Sequence[str] =
     found = loader(runs, stale_minutes)
     if not found:
         raise FileNotFoundError(f"no run dirs (config.yaml) under {', '.join(map(str, runs))}")
+    mark_recipes(found)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     metrics = list(metrics)

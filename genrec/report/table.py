@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 
 from genrec.eval.metrics import lower_is_better
-from genrec.report.load import BACKBONE_NAMES
+from genrec.report.load import BACKBONE_NAMES, base_label
 from genrec.report.select import Cell, Variant
 from genrec.runs import write_text
 
@@ -40,10 +40,12 @@ def cells(chosen: dict[Cell, Variant], order: dict[str, float], metrics: list[st
     df["gain"] = gain(df, "mean", baseline)
     signed = df["mean"] * df["metric"].map(lambda m: -1.0 if lower_is_better(m) else 1.0)  # PR@k: lowest is best
     df["best"] = signed.notna() & (signed == signed.groupby([df.backbone, df.dataset, df.metric]).transform("max"))
-    if paper:
-        df["paper"] = [paper.get(d, {}).get(b, {}).get(lab, {}).get(m) for b, lab, d, m in df[KEYS].itertuples(index=False)]
+    if paper:  # looked up by the label without its recipe: "CE [apao_release]" shows the paper's CE
+        base = df["objective"].map(base_label)
+        df["paper"] = [paper.get(d, {}).get(b, {}).get(lab, {}).get(m) for b, lab, d, m in zip(df.backbone, base,
+                                                                                              df.dataset, df.metric)]
         df["paper"] = df["paper"].astype(float)
-        df["paper_gain"] = gain(df, "paper", baseline)
+        df["paper_gain"] = gain(df, "paper", baseline).where(base.str.lower() != baseline.lower())
     return df
 
 
