@@ -442,3 +442,34 @@ def test_runs_of_another_preset_are_their_own_row(tmp_path):
     assert cells["APAO-pointwise"]["paper_gain"] == pytest.approx((0.0667 / 0.0608 - 1) * 100)
     s = rep.report([tmp_path / "release"], tmp_path / "one", ["recall@10"], paper=paper)
     assert [(c["objective"], c["mean"], c["paper"]) for c in s["cells"]] == [("CE", 0.0612, 0.0608)]
+
+
+def write_eval(run: Path, beam: int, full: bool, metrics: dict, score: str = "full") -> None:
+    """eval/<split>-beam<K>[-<score>][-full].json as genrec.evaluate writes it."""
+    (run / "eval").mkdir(exist_ok=True)
+    name = f"test-beam{beam}{'' if score == 'full' else '-' + score + '-t1'}{'-full' if full else ''}.json"
+    (run / "eval" / name).write_text(json.dumps({**metrics, "beam": beam, "full_rank": full, "eval_score": score,
+                                                 "eval_temperature": 1.0, "checkpoint": str(run / "best.ckpt")}))
+
+
+def test_full_rank_reevaluation_supplies_the_metrics_a_run_lacks(tmp_path):
+    """PR@k from eval/test-beam20-full.json (the run's own beam and scoring) fills the cells metrics.json
+    lacks; metrics.json wins where both have a key; other beams, scorings and beam-only evals do not count."""
+    run = write_run(tmp_path / "apao", "office", "tiger", OBJECTIVES["pointwise"], 1,
+                    {"test/recall@10": 0.06, "eval_score": "full"})
+    write_eval(run, 20, True, {"test/pruning_rate@5": 0.2, "test/pruning_rate@10": 0.3, "test/recall@10": 0.9})
+    write_eval(run, 10, True, {"test/pruning_rate@20": 0.5})  # another beam
+    write_eval(run, 20, True, {"test/pruning_rate@20": 0.6}, score="masked")  # another scoring
+    write_eval(run, 20, False, {"test/ndcg@10": 0.7})  # not full ranking
+    ce = write_run(tmp_path / "ce", "office", "tiger", OBJECTIVES["ce"], 1,
+                   {"test/recall@10": 0.05, "test/pruning_rate@5": 0.4})
+    write_eval(ce, 20, True, {"test/pruning_rate@5": 0.1, "test/pruning_rate@10": 0.5})  # no eval_score in metrics
+    metrics = ["recall@10", "ndcg@10", "pruning_rate@5", "pruning_rate@10", "pruning_rate@20"]
+    s = rep.report([tmp_path], tmp_path / "out", metrics)
+    mean = {(c["objective"], c["metric"]): c["mean"] for c in s["cells"]}
+    assert mean == {("CE", "recall@10"): 0.05, ("CE", "ndcg@10"): None, ("CE", "pruning_rate@5"): 0.4,
+                    ("CE", "pruning_rate@10"): 0.5, ("CE", "pruning_rate@20"): None,
+                    ("APAO-pointwise", "recall@10"): 0.06, ("APAO-pointwise", "ndcg@10"): None,
+                    ("APAO-pointwise", "pruning_rate@5"): 0.2, ("APAO-pointwise", "pruning_rate@10"): 0.3,
+                    ("APAO-pointwise", "pruning_rate@20"): None}
+    assert "pruning_rate_office_tiger.png" in s["files"]

@@ -107,6 +107,19 @@ class Run:
         return [j for f in sorted((self.path / "eval").glob(f"{split}-beam*.json")) if (j := read_json(f))]
 
     @cached_property
+    def values(self) -> dict:
+        """metrics.json plus the metric keys it lacks (e.g. test/pruning_rate@k) from the run's full-rank
+        re-evaluation at its own beam and scoring (eval/<split>-beam<K>-full.json); metrics.json wins."""
+        m = self.metrics or {}
+
+        def own(e: dict) -> bool:
+            score = (m.get("eval_score"), e.get("eval_score"))
+            return bool(e.get("full_rank")) and e.get("beam") == self.cfg["eval"].get("beam") and (
+                None in score or score[0] == score[1])
+        full = [e for f in sorted((self.path / "eval").glob("*.json")) if (e := read_json(f)) and own(e)]
+        return {k: v for e in full for k, v in e.items() if "/" in k} | m
+
+    @cached_property
     def log(self) -> pd.DataFrame:
         """logs/metrics.csv (Lightning's CSVLogger): one row per logging step, NaN where a key was not logged."""
         f = self.path / "logs" / "metrics.csv"

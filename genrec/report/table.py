@@ -23,8 +23,8 @@ def cells(chosen: dict[Cell, Variant], order: dict[str, float], metrics: list[st
           paper: Reference | None = None) -> pd.DataFrame:
     """Long table, rows in display order: backbone, objective (by `order`), dataset, metric."""
     values = pd.DataFrame(
-        [(b, lab, d, m, r.seed, r.metrics[f"{split}/{m}"]) for (d, b, lab), v in chosen.items() for r in v.runs
-         for m in metrics if isinstance(r.metrics.get(f"{split}/{m}"), (int, float))],
+        [(b, lab, d, m, r.seed, r.values[f"{split}/{m}"]) for (d, b, lab), v in chosen.items() for r in v.runs
+         for m in metrics if isinstance(r.values.get(f"{split}/{m}"), (int, float))],
         columns=KEYS + ["seed", "value"])
     stats = values.groupby(KEYS).agg(mean=("value", "mean"), std=("value", "std"), n=("value", "size"),
                                      seeds=("seed", list))
