@@ -113,11 +113,22 @@ def wide(df: pd.DataFrame, latex: bool = False) -> pd.DataFrame:
     return pd.concat([head, t.reset_index(drop=True)], axis=1)
 
 
+def flat(df: pd.DataFrame) -> pd.DataFrame:
+    """The wide table with one header row: "Backbone", ..., "beauty recall@10"."""
+    t = wide(df)
+    t.columns = [" ".join(x for x in c if x) for c in t.columns]
+    return t
+
+
+def markdown(t: pd.DataFrame, labels: int = 2) -> str:
+    """A table of strings as markdown (table.md, the page): the first `labels` columns left, the rest right."""
+    return t.to_markdown(index=False, disable_numparse=True,
+                         colalign=["left"] * labels + ["right"] * (t.shape[1] - labels)) + "\n"
+
+
 def write_tables(out: Path, df: pd.DataFrame) -> list[Path]:
-    md = wide(df)
-    md.columns = [" ".join(x for x in c if x) for c in md.columns]
-    write_text(out / "table.md", md.to_markdown(index=False, disable_numparse=True,
-                                                colalign=["left"] * 2 + ["right"] * (md.shape[1] - 2)) + "\n")
+    md = flat(df)
+    write_text(out / "table.md", markdown(md))
     write_text(out / "table.csv", md.replace(r"\*\*", "", regex=True).to_csv(index=False))
     numeric = [c for c in KEYS + ["mean", "std", "n", "gain", "best", "status", "paper", "paper_gain"] if c in df]
     write_text(out / "cells.csv", df[numeric].to_csv(index=False))
