@@ -416,3 +416,60 @@ def test_seeds_run_on_other_hardware_share_a_cell(tmp_path):
                   extra={"trainer": {"monitor": "val/ndcg@10", "devices": devices, "lightning": lightning}})
     s = rep.report([tmp_path], tmp_path / "out", ["recall@10"])
     assert [c["n"] for c in s["cells"]] == [2]
+
+
+def test_runs_of_another_preset_are_their_own_row(tmp_path):
+    """office_cpu CE (2 seeds) + APAO and one apao_release CE: the release run is a row of its own, "CE
+    [apao_release]", right after CE, with the paper's CE number and its gain over the main recipe's CE; a
+    report of one recipe only has no suffix."""
+    office, release = {"tags": ["office_cpu"]}, {"tags": ["apao_release"]}
+    for seed, r10 in ((1, 0.04), (2, 0.05)):
+        write_run(tmp_path / "runs" / f"ce{seed}", "office", "tiger", OBJECTIVES["ce"], seed, {"test/recall@10": r10},
+                  extra=office)
+    write_run(tmp_path / "runs" / "apao", "office", "tiger", OBJECTIVES["pointwise"], 1, {"test/recall@10": 0.06},
+              extra=office)
+    write_run(tmp_path / "release" / "ce", "office", "tiger", OBJECTIVES["ce"], 1, {"test/recall@10": 0.0612},
+              extra=release)
+    paper = {"office": {"tiger": {"CE": {"recall@10": 0.0608}, "APAO-pointwise": {"recall@10": 0.0667}}}}
+    s = rep.report([tmp_path], tmp_path / "out", ["recall@10"], paper=paper)
+    cells = {c["objective"]: c for c in s["cells"]}
+    assert [r["objective"] for r in s["rows"]] == ["CE", "CE [apao_release]", "APAO-pointwise"]
+    assert cells["CE"]["n"] == 2 and cells["CE [apao_release]"]["n"] == 1
+    assert cells["CE"]["paper"] == cells["CE [apao_release]"]["paper"] == 0.0608
+    assert cells["CE [apao_release]"]["paper_gain"] is None and cells["CE"]["gain"] is None
+    assert cells["CE [apao_release]"]["gain"] == pytest.approx((0.0612 / 0.045 - 1) * 100)
+    assert cells["APAO-pointwise"]["gain"] == pytest.approx((0.06 / 0.045 - 1) * 100)
+    assert cells["APAO-pointwise"]["paper_gain"] == pytest.approx((0.0667 / 0.0608 - 1) * 100)
+    s = rep.report([tmp_path / "release"], tmp_path / "one", ["recall@10"], paper=paper)
+    assert [(c["objective"], c["mean"], c["paper"]) for c in s["cells"]] == [("CE", 0.0612, 0.0608)]
+
+
+def write_eval(run: Path, beam: int, full: bool, metrics: dict, score: str = "full") -> None:
+    """eval/<split>-beam<K>[-<score>][-full].json as genrec.evaluate writes it."""
+    (run / "eval").mkdir(exist_ok=True)
+    name = f"test-beam{beam}{'' if score == 'full' else '-' + score + '-t1'}{'-full' if full else ''}.json"
+    (run / "eval" / name).write_text(json.dumps({**metrics, "beam": beam, "full_rank": full, "eval_score": score,
+                                                 "eval_temperature": 1.0, "checkpoint": str(run / "best.ckpt")}))
+
+
+def test_full_rank_reevaluation_supplies_the_metrics_a_run_lacks(tmp_path):
+    """PR@k from eval/test-beam20-full.json (the run's own beam and scoring) fills the cells metrics.json
+    lacks; metrics.json wins where both have a key; other beams, scorings and beam-only evals do not count."""
+    run = write_run(tmp_path / "apao", "office", "tiger", OBJECTIVES["pointwise"], 1,
+                    {"test/recall@10": 0.06, "eval_score": "full"})
+    write_eval(run, 20, True, {"test/pruning_rate@5": 0.2, "test/pruning_rate@10": 0.3, "test/recall@10": 0.9})
+    write_eval(run, 10, True, {"test/pruning_rate@20": 0.5})  # another beam
+    write_eval(run, 20, True, {"test/pruning_rate@20": 0.6}, score="masked")  # another scoring
+    write_eval(run, 20, False, {"test/ndcg@10": 0.7})  # not full ranking
+    ce = write_run(tmp_path / "ce", "office", "tiger", OBJECTIVES["ce"], 1,
+                   {"test/recall@10": 0.05, "test/pruning_rate@5": 0.4})
+    write_eval(ce, 20, True, {"test/pruning_rate@5": 0.1, "test/pruning_rate@10": 0.5})  # no eval_score in metrics
+    metrics = ["recall@10", "ndcg@10", "pruning_rate@5", "pruning_rate@10", "pruning_rate@20"]
+    s = rep.report([tmp_path], tmp_path / "out", metrics)
+    mean = {(c["objective"], c["metric"]): c["mean"] for c in s["cells"]}
+    assert mean == {("CE", "recall@10"): 0.05, ("CE", "ndcg@10"): None, ("CE", "pruning_rate@5"): 0.4,
+                    ("CE", "pruning_rate@10"): 0.5, ("CE", "pruning_rate@20"): None,
+                    ("APAO-pointwise", "recall@10"): 0.06, ("APAO-pointwise", "ndcg@10"): None,
+                    ("APAO-pointwise", "pruning_rate@5"): 0.2, ("APAO-pointwise", "pruning_rate@10"): 0.3,
+                    ("APAO-pointwise", "pruning_rate@20"): None}
+    assert "pruning_rate_office_tiger.png" in s["files"]

@@ -9,15 +9,16 @@ per column within each backbone in bold; with `paper` (reference numbers), a "pa
 beside each metric that has one, with the reference's own gain over its baseline row. Several
 configurations of one objective on one dataset and backbone (a β × η sweep) are reduced to the one with
 the best mean validation score (each run's `trainer.monitor`, or `select`), as the papers tune on
-validation; the sweep itself becomes a sensitivity plot. A run dir without metrics.json is a `failed`
-cell if it has failed.json or was last touched more than `stale_minutes` ago, else `running`. Writes
-table.md, table.tex, table.csv (wide, as shown), cells.csv (long, numeric), summary.json and the PNGs
-for which data exists.
+validation; the sweep itself becomes a sensitivity plot. Runs of another experiment preset (`tags`) than
+the most common one are rows of their own, "CE [apao_release]", with the reference numbers of "CE". A run
+dir without metrics.json is a `failed` cell if it has failed.json or was last touched more than
+`stale_minutes` ago, else `running`. Writes table.md, table.tex, table.csv (wide, as shown), cells.csv
+(long, numeric), summary.json and the PNGs for which data exists; with `page`, the results page (page.py).
 
 Rows are named, ordered and split into ablations by the objective classes (`Objective.report_row`,
 `ablations`, `axes` in genrec/objectives/base.py): a new objective needs nothing here.
   load.py    run dirs -> Run records;  select.py  variants, validation-based selection
-  table.py   pandas table, md / tex / csv;  figures.py + plots.py  PNGs
+  table.py   pandas table, md / tex / csv;  figures.py + plots.py  PNGs;  page.py  the results page
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from typing import Callable, Sequence
 
 from genrec.report import plots  # noqa: F401  (tests patch genrec.report.plots)
 from genrec.report.figures import diagnostic_plots, sensitivity_plots
-from genrec.report.load import BACKBONE_NAMES, Run, load_runs, objective_label  # noqa: F401
+from genrec.report.load import BACKBONE_NAMES, Run, load_runs, mark_recipes, objective_label  # noqa: F401
+from genrec.report.page import write_page
 from genrec.report.select import choose, group, varying
 from genrec.report.table import Reference, cells, text, write_tables
 from genrec.runs import write_text
@@ -37,12 +39,17 @@ from genrec.runs import write_text
 def report(runs: Sequence[str | Path], out: str | Path, metrics: Sequence[str] = ("recall@10", "ndcg@10", "recall@20",
            "ndcg@20"), baseline: str = "ce", split: str = "test", select: str | None = None,
            stale_minutes: float = 30.0, loader: Callable[..., list[Run]] = load_runs,
-           paper: Reference | None = None) -> dict:
-    """Write the tables, plots and summary.json for the runs `loader(runs)` finds; return the summary.
-    Raises FileNotFoundError, writing nothing, when there is no run."""
+           paper: Reference | None = None, page: str | Path | None = None, page_intro: str | Path | None = None,
+           rebuild: str | None = None) -> dict:
+    """Write the tables, plots and summary.json for the runs `loader(runs)` finds, and with `page` the results
+    page (`page_intro`: markdown under its title; `rebuild`: the command shown to rebuild it); return the
+    summary. Raises FileNotFoundError, writing nothing, when there is no run or no `page_intro` file."""
+    if page and page_intro and not Path(page_intro).is_file():
+        raise FileNotFoundError(f"page_intro={page_intro}: no such file")
     found = loader(runs, stale_minutes)
     if not found:
         raise FileNotFoundError(f"no run dirs (config.yaml) under {', '.join(map(str, runs))}")
+    mark_recipes(found)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     metrics = list(metrics)
@@ -51,9 +58,10 @@ def report(runs: Sequence[str | Path], out: str | Path, metrics: Sequence[str] =
     chosen = {k: choose(v, select) for k, v in groups.items()}
     df = cells(chosen, order, metrics, split, baseline, paper)
     files = write_tables(out, df)
-    pngs = [p for d, b in sorted({(d, b) for d, b, _ in chosen})
-            for p in diagnostic_plots(out, d, b, {lab: v for (dd, bb, lab), v in chosen.items()
-                                                  if (dd, bb) == (d, b) and v.runs}, order, metrics, split)]
+    drawn = [(d, b, p) for d, b in sorted({(d, b) for d, b, _ in chosen})
+             for p in diagnostic_plots(out, d, b, {lab: v for (dd, bb, lab), v in chosen.items()
+                                                   if (dd, bb) == (d, b) and v.runs}, order, metrics, split)]
+    pngs = [p for _, _, p in drawn]
     more, notes = sensitivity_plots(out, groups, metrics, split)
     pngs += more
     for (d, b, lab), v in sorted(chosen.items()):
@@ -77,5 +85,10 @@ def report(runs: Sequence[str | Path], out: str | Path, metrics: Sequence[str] =
         "notes": notes,
         "files": [p.name for p in files + pngs] + ["summary.json"],
     }
+    if page:
+        figures = [x for x in drawn if x[2].name.startswith(("prefix_recall", "pruning_rate"))]
+        write_page(Path(page), Path(page_intro).read_text() if page_intro else "", df, chosen, order, split, baseline,
+                   figures, summary, rebuild)
+        summary["page"] = str(page)
     write_text(out / "summary.json", json.dumps(summary, indent=1, default=str))
     return summary

@@ -9,6 +9,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from genrec.report import report
+from genrec.report.page import rebuild_command
 
 
 def reference(path: str | None) -> dict | None:
@@ -44,12 +45,14 @@ def main(cfg: DictConfig) -> None:
         sys.exit(2)
     try:
         s = report(runs, cfg.out, list(cfg.metrics), cfg.baseline, cfg.split, cfg.select, cfg.stale_minutes,
-                   paper=paper)
+                   paper=paper, page=cfg.page, page_intro=cfg.page_intro,
+                   rebuild=rebuild_command(OmegaConf.to_container(cfg, resolve=True)))
     except FileNotFoundError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     print((Path(cfg.out) / "table.md").read_text())
-    print("\n".join(s["notes"] + [f"runs: {s['runs']}", f"wrote {cfg.out}/: " + ", ".join(s["files"])]))
+    print("\n".join(s["notes"] + [f"runs: {s['runs']}", f"wrote {cfg.out}/: " + ", ".join(s["files"])]
+                    + ([f"wrote the page {s['page']}"] if "page" in s else [])))
     if cfg.wandb:
         from genrec.loggers import log_report
 

@@ -48,14 +48,9 @@ def diagnostic_plots(out: Path, d: str, b: str, here: dict[str, Variant], order:
         s = {lab: _mean_by_x([points(r) for r in here[lab].runs]) for lab in labels}
         return {k: v for k, v in s.items() if v[0]}
 
-    if pr := per_label(lambda r: _numbered(r.metrics, f"{split}/prefix_recall@")):
+    if pr := per_label(lambda r: _numbered(r.values, f"{split}/prefix_recall@")):
         files.append(plots.lines(_png(out, "prefix_recall", d, b), [("prefix recall", pr)], "step m", title))
-
-    def pruning(r: Run) -> dict:
-        full = [e for e in r.evals(split) if e.get("full_rank") and e.get("beam") == r.cfg["eval"].get("beam")]
-        return _numbered(r.metrics, f"{split}/pruning_rate@") or (_numbered(full[0], f"{split}/pruning_rate@")
-                                                                   if full else {})
-    if pru := per_label(pruning):
+    if pru := per_label(lambda r: _numbered(r.values, f"{split}/pruning_rate@")):
         files.append(plots.lines(_png(out, "pruning_rate", d, b), [("pruning rate PR@k", pru)], "k", title))
 
     def by_beam(r: Run, key: str) -> dict:

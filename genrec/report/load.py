@@ -1,11 +1,14 @@
 """Run dirs -> `Run` records: config, metrics, status (ok | failed | running) and the report row label
-the run's objective class declares (`Objective.report_row`, `ablations`)."""
+the run's objective class declares (`Objective.report_row`, `ablations`), suffixed with its recipe (preset)
+when that is not the report's main one."""
 
 from __future__ import annotations
 
 import importlib
 import json
+import re
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from functools import cache, cached_property
 from pathlib import Path
@@ -76,6 +79,7 @@ class Run:
     status: str  # ok | failed | running
     backbone: str  # the hydra choice name when known
     error: str | None = None  # failed.json's message
+    recipe: str = ""  # " [apao_release]": its preset (`tags`) when not the report's main one (mark_recipes)
     dataset: str = field(init=False)
     order: float = field(init=False)
     label: str = field(init=False)
@@ -103,10 +107,39 @@ class Run:
         return [j for f in sorted((self.path / "eval").glob(f"{split}-beam*.json")) if (j := read_json(f))]
 
     @cached_property
+    def values(self) -> dict:
+        """metrics.json plus the metric keys it lacks (e.g. test/pruning_rate@k) from the run's full-rank
+        re-evaluation at its own beam and scoring (eval/<split>-beam<K>-full.json); metrics.json wins."""
+        m = self.metrics or {}
+
+        def own(e: dict) -> bool:
+            score = (m.get("eval_score"), e.get("eval_score"))
+            return bool(e.get("full_rank")) and e.get("beam") == self.cfg["eval"].get("beam") and (
+                None in score or score[0] == score[1])
+        full = [e for f in sorted((self.path / "eval").glob("*.json")) if (e := read_json(f)) and own(e)]
+        return {k: v for e in full for k, v in e.items() if "/" in k} | m
+
+    @cached_property
     def log(self) -> pd.DataFrame:
         """logs/metrics.csv (Lightning's CSVLogger): one row per logging step, NaN where a key was not logged."""
         f = self.path / "logs" / "metrics.csv"
         return pd.read_csv(f) if f.exists() else pd.DataFrame()
+
+
+def mark_recipes(runs: list[Run]) -> None:
+    """Runs of different experiment presets (config `tags`) are different rows, never tuning variants of one:
+    the most common tags are the main recipe; another run's label gets " [<tags>]" and sorts after its base row."""
+    tags = [tuple(r.cfg.get("tags") or ()) for r in runs]
+    main = Counter(tags).most_common(1)[0][0] if runs else ()
+    for r, t in zip(runs, tags):
+        if t != main:
+            r.recipe = f" [{','.join(t) or 'no tags'}]"
+            r.label, r.order = r.label + r.recipe, r.order + 0.001
+
+
+def base_label(label: str) -> str:
+    """The label without its recipe suffix: "CE [apao_release]" -> "CE"."""
+    return re.sub(r" \[[^\]]*\]$", "", label)
 
 
 def read_json(path: Path) -> dict | None:

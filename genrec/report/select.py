@@ -23,7 +23,7 @@ class Variant:
     flat: dict
 
     def values(self, key: str) -> list[float]:
-        return [r.metrics[key] for r in self.runs if isinstance(r.metrics.get(key), (int, float))]
+        return [r.values[key] for r in self.runs if isinstance(r.values.get(key), (int, float))]
 
     def mean(self, key: str) -> float:
         v = self.values(key)

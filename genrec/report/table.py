@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 
 from genrec.eval.metrics import lower_is_better
-from genrec.report.load import BACKBONE_NAMES
+from genrec.report.load import BACKBONE_NAMES, base_label
 from genrec.report.select import Cell, Variant
 from genrec.runs import write_text
 
@@ -23,8 +23,8 @@ def cells(chosen: dict[Cell, Variant], order: dict[str, float], metrics: list[st
           paper: Reference | None = None) -> pd.DataFrame:
     """Long table, rows in display order: backbone, objective (by `order`), dataset, metric."""
     values = pd.DataFrame(
-        [(b, lab, d, m, r.seed, r.metrics[f"{split}/{m}"]) for (d, b, lab), v in chosen.items() for r in v.runs
-         for m in metrics if isinstance(r.metrics.get(f"{split}/{m}"), (int, float))],
+        [(b, lab, d, m, r.seed, r.values[f"{split}/{m}"]) for (d, b, lab), v in chosen.items() for r in v.runs
+         for m in metrics if isinstance(r.values.get(f"{split}/{m}"), (int, float))],
         columns=KEYS + ["seed", "value"])
     stats = values.groupby(KEYS).agg(mean=("value", "mean"), std=("value", "std"), n=("value", "size"),
                                      seeds=("seed", list))
@@ -40,10 +40,12 @@ def cells(chosen: dict[Cell, Variant], order: dict[str, float], metrics: list[st
     df["gain"] = gain(df, "mean", baseline)
     signed = df["mean"] * df["metric"].map(lambda m: -1.0 if lower_is_better(m) else 1.0)  # PR@k: lowest is best
     df["best"] = signed.notna() & (signed == signed.groupby([df.backbone, df.dataset, df.metric]).transform("max"))
-    if paper:
-        df["paper"] = [paper.get(d, {}).get(b, {}).get(lab, {}).get(m) for b, lab, d, m in df[KEYS].itertuples(index=False)]
+    if paper:  # looked up by the label without its recipe: "CE [apao_release]" shows the paper's CE
+        base = df["objective"].map(base_label)
+        df["paper"] = [paper.get(d, {}).get(b, {}).get(lab, {}).get(m) for b, lab, d, m in zip(df.backbone, base,
+                                                                                              df.dataset, df.metric)]
         df["paper"] = df["paper"].astype(float)
-        df["paper_gain"] = gain(df, "paper", baseline)
+        df["paper_gain"] = gain(df, "paper", baseline).where(base.str.lower() != baseline.lower())
     return df
 
 
@@ -111,11 +113,22 @@ def wide(df: pd.DataFrame, latex: bool = False) -> pd.DataFrame:
     return pd.concat([head, t.reset_index(drop=True)], axis=1)
 
 
+def flat(df: pd.DataFrame) -> pd.DataFrame:
+    """The wide table with one header row: "Backbone", ..., "beauty recall@10"."""
+    t = wide(df)
+    t.columns = [" ".join(x for x in c if x) for c in t.columns]
+    return t
+
+
+def markdown(t: pd.DataFrame, labels: int = 2) -> str:
+    """A table of strings as markdown (table.md, the page): the first `labels` columns left, the rest right."""
+    return t.to_markdown(index=False, disable_numparse=True,
+                         colalign=["left"] * labels + ["right"] * (t.shape[1] - labels)) + "\n"
+
+
 def write_tables(out: Path, df: pd.DataFrame) -> list[Path]:
-    md = wide(df)
-    md.columns = [" ".join(x for x in c if x) for c in md.columns]
-    write_text(out / "table.md", md.to_markdown(index=False, disable_numparse=True,
-                                                colalign=["left"] * 2 + ["right"] * (md.shape[1] - 2)) + "\n")
+    md = flat(df)
+    write_text(out / "table.md", markdown(md))
     write_text(out / "table.csv", md.replace(r"\*\*", "", regex=True).to_csv(index=False))
     numeric = [c for c in KEYS + ["mean", "std", "n", "gain", "best", "status", "paper", "paper_gain"] if c in df]
     write_text(out / "cells.csv", df[numeric].to_csv(index=False))

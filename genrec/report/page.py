@@ -1,0 +1,120 @@
+"""The results page (`page=`): one markdown file with the table, the pruning rates, the figures, each run's
+cost, the commands that rerun every run and rebuild the page, and the report's notes."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import statistics
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+from genrec.report.load import BACKBONE_NAMES, Run
+from genrec.report.select import Cell, Variant
+from genrec.report.table import cells, flat, markdown
+from genrec.runs import write_text
+
+PRUNING = ["pruning_rate@5", "pruning_rate@10"]
+CAPTIONS = {"prefix_recall": "Prefix recall per beam step m: the share of targets whose length-m prefix is in the "
+                             "beam",
+            "pruning_rate": "Pruning rate PR@k: the share of targets full ranking puts in the top k that the beam "
+                            "loses (lower is better)"}
+SETTINGS = ("runs", "out", "metrics", "baseline", "split", "select", "paper", "page", "page_intro")  # shape the page
+
+
+def rebuild_command(settings: dict) -> str:
+    """`python -m genrec.report` with the report's settings that shape the page (conf/report.yaml's keys)."""
+    def arg(k: str, v) -> str:
+        return shlex.quote(f"{k}=" + (f"[{','.join(map(str, v))}]" if isinstance(v, (list, tuple)) else str(v)))
+    return " ".join(["python -m genrec.report"] + [arg(k, settings[k]) for k in SETTINGS if settings.get(k) is not None])
+
+
+def rerun_command(r: Run) -> str:
+    """`python -m genrec.train <its command-line overrides>` from the run's overrides.yaml (Hydra's
+    .hydra/overrides.yaml, committed beside metrics.json)."""
+    f = next((f for f in (r.path / "overrides.yaml", r.path / ".hydra" / "overrides.yaml") if f.exists()), None)
+    if f is None:
+        return f"# no overrides.yaml: its full config is {r.path.name}/config.yaml"
+    return " ".join(["python -m genrec.train"] + [shlex.quote(str(o)) for o in yaml.safe_load(f.read_text()) or []])
+
+
+def _num(x, spec: str) -> str:
+    return format(x, spec) if isinstance(x, (int, float)) and not isinstance(x, bool) else "—"
+
+
+def per_epoch(r: Run) -> float | None:
+    """Training seconds per epoch (metrics.json `train_seconds` / `epochs`), None when unknown."""
+    t, n = r.values.get("train_seconds"), r.values.get("epochs")
+    return t / n if isinstance(t, (int, float)) and isinstance(n, int) and n > 0 else None
+
+
+def _name(d: str, b: str, lab: str) -> dict:
+    return {"Dataset": d, "Backbone": BACKBONE_NAMES.get(b, b), "Objective": lab}
+
+
+def run_cost(c: Cell, r: Run) -> dict:
+    """Wall time of all the run's processes, training seconds per epoch, peak RSS of the largest process."""
+    v, wall = r.values, r.values.get("seconds")
+    return {**_name(*c), "Seed": str(r.seed), "Processes": _num(v.get("processes"), "d"),
+            "Epochs": _num(v.get("epochs"), "d"), "Best epoch": _num(v.get("best_epoch"), "d"),
+            "Wall (min)": _num(wall / 60 if isinstance(wall, (int, float)) else None, ".1f"),
+            "Train s/epoch": _num(per_epoch(r), ".1f"), "Peak RSS (GB)": _num(v.get("peak_rss_gb"), ".2f")}
+
+
+def row_cost(chosen: dict[Cell, Variant], rows: list[Cell], baseline: str) -> pd.DataFrame:
+    """Per row its mean training seconds per epoch over seeds, and that relative to the baseline row of the
+    same dataset, backbone and recipe ("CE [apao_release]" for an "APAO-pointwise [apao_release]" row)."""
+    def mean(c: Cell | None) -> float | None:
+        v = [x for r in chosen[c].runs if (x := per_epoch(r)) is not None] if c else []
+        return statistics.fmean(v) if v else None
+
+    table = []
+    for d, b, lab in rows:
+        recipe = chosen[(d, b, lab)].runs[0].recipe
+        base = next((c for c in chosen if c[:2] == (d, b) and c[2].lower() == (baseline + recipe).lower()), None)
+        x, x0 = mean((d, b, lab)), mean(base)
+        table.append({**_name(d, b, lab), "Train s/epoch (mean)": _num(x, ".1f"),
+                      f"vs {baseline.upper()}": f"×{x / x0:.2f}" if x and x0 else "—"})
+    return pd.DataFrame(table)
+
+
+def write_page(path: Path, intro: str, df: pd.DataFrame, chosen: dict[Cell, Variant],
+               order: dict[str, float], split: str, baseline: str, figures: list[tuple[str, str, Path]],
+               summary: dict, rebuild: str | None) -> None:
+    """The page at `path`: `df` is the report's table (cells), `figures` its PNGs as (dataset, backbone, file)."""
+    shown = sorted(chosen, key=lambda c: (c[0], c[1], order.get(c[2], 0.0), c[2]))
+    rows = [c for c in shown if chosen[c].runs]
+    base, n = baseline.upper(), summary["runs"]
+    lines = [f"# Results: {', '.join(sorted({d for d, _, _ in chosen}))}", "", intro.rstrip(), "",
+             f"*Written by `python -m genrec.report` from {sum(n.values())} run dirs ({n['ok']} ok, {n['failed']} "
+             f"failed, {n['running']} running); rebuild it with the command under Rerun.*", "",
+             "## Table", "", f"{split.title()} mean ± std over seeds (Seeds: how many), in brackets the gain over "
+             f"{base} of the same backbone; bold: the best per backbone. \"paper\": the reference numbers, with their "
+             "gain over the paper's own baseline. A row \"[preset]\" was trained with another preset than the rest.",
+             "", markdown(flat(df)),
+             "## Pruning rate", "", f"{CAPTIONS['pruning_rate']}, from each run's full-rank evaluation at its own beam "
+             f"(`eval.full_rank=true`); mean ± std over seeds, in brackets the change vs {base}; —: no full-rank "
+             "evaluation.", "", markdown(flat(cells(chosen, order, PRUNING, split, baseline))),
+             "## Figures", ""]
+    for d, b, f in figures:
+        kind = next(k for k in CAPTIONS if f.name.startswith(k))
+        lines += [f"![{kind} {d} {b}]({Path(os.path.relpath(f, path.parent)).as_posix()})", "",
+                  f"*{CAPTIONS[kind]}; {d} · {BACKBONE_NAMES.get(b, b)}, mean over seeds.*", ""]
+    lines += ["## Cost", "", "Per run: wall time of all its processes (data stage and test included), training "
+              "seconds per epoch, peak resident memory of the largest process.", "",
+              markdown(pd.DataFrame([run_cost(c, r) for c in rows for r in chosen[c].runs]), 3),
+              f"Per row: training seconds per epoch, mean over seeds, relative to {base} of the same backbone and "
+              "preset.", "", markdown(row_cost(chosen, rows, baseline), 3),
+              "## Rerun", "", "Each run (from its committed overrides.yaml):", "", "```bash"]
+    for (d, b, lab) in shown:
+        for r in chosen[(d, b, lab)].runs + chosen[(d, b, lab)].pending:
+            status = "" if r.status == "ok" else f" ({r.status})"
+            lines += [f"# {d} · {BACKBONE_NAMES.get(b, b)} · {lab} · seed {r.seed}{status}", rerun_command(r)]
+    if rebuild:
+        lines += ["```", "", "The page, from the committed runs:", "", "```bash", rebuild]
+    lines += ["```", ""]
+    lines += ["## Notes", ""] + [f"- {x}" for x in summary["notes"] or ["none"]]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text(path, "\n".join(lines) + "\n")
