@@ -69,4 +69,5 @@ for row in "${rows[@]}"; do
   cp "$run"/.hydra/overrides.yaml docs/results/runs/"$row"/overrides.yaml
   cp "$run"/eval/*.json docs/results/runs/"$row"/eval/
 done
-$PY -m genrec.report 'runs=[docs/results/runs]' out=docs/results/office paper=docs/results/paper_apao.yaml
+$PY -m genrec.report 'runs=[docs/results/runs]' out=docs/results/office page=docs/results/office.md \
+    page_intro=docs/results/office_intro.md paper=docs/results/paper_apao.yaml
