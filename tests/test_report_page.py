@@ -47,6 +47,9 @@ def pages(root: Path) -> Path:
             write_eval(d, 20, True, {"test/pruning_rate@5": PR[(obj, seed)][0], "test/pruning_rate@10": PR[(obj, seed)][1]})
     failed = write_run(runs / "pointwise-43", "office", "tiger", OBJECTIVES["pointwise"], 43, None, extra=OFFICE)
     (failed / "failed.json").write_text(json.dumps({"error": "NonFiniteLoss: non-finite loss at epoch 0"}))
+    (failed / ".hydra").mkdir()  # as Hydra writes it when the job starts
+    (failed / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(
+        ["experiment=office_cpu", "objective=apao", "seed=43", "objective.loss=pointwise"]))
     return runs
 
 
@@ -125,7 +128,8 @@ def test_results_page_sections(tmp_path):
     assert "# office · TIGER · CE · seed 43\npython -m genrec.train experiment=office_cpu objective=ce seed=43\n" in rerun
     assert ("# office · TIGER · APAO-pointwise · seed 42\npython -m genrec.train experiment=office_cpu objective=apao "
             "seed=42 objective.loss=pointwise\n") in rerun
-    assert "# office · TIGER · APAO-pointwise · seed 43 (failed)\n# no overrides.yaml" in rerun
+    assert ("# office · TIGER · APAO-pointwise · seed 43 (failed)\npython -m genrec.train experiment=office_cpu "
+            "objective=apao seed=43 objective.loss=pointwise\n") in rerun
     assert "# office · TIGER · CE [apao_release] · seed 42\n# no overrides.yaml: its full config is release-42/" in rerun
     assert "```bash\npython -m genrec.report runs=[docs/results/runs]\n```" in rerun
 

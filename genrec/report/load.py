@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Sequence
 
 import pandas as pd
+import yaml
 from omegaconf import OmegaConf
 
 # Config keys that do not define the experiment (seeds are averaged, the rest is bookkeeping/hardware).
@@ -24,7 +25,11 @@ IGNORED = ("seed", "run_dir", "resume", "data_dir", "tags", "logger", "hydra", "
            "dataset.root", "dataset.reader.root", "tokenizer.path",
            # the same hardware keys as the Trainer receives them (trainer.lightning: interpolations of the above)
            "trainer.lightning.accelerator", "trainer.lightning.devices", "trainer.lightning.num_nodes",
-           "trainer.lightning.strategy", "trainer.lightning.enable_progress_bar")
+           "trainer.lightning.strategy", "trainer.lightning.enable_progress_bar",
+           # how memory is saved, not what is computed (the same losses and metrics: tests/test_pinned_metrics.py)
+           "backbone.memory", "backbone.memory_users", "backbone.memory_under_autocast", "backbone.lean_users",
+           "backbone.lean_under_autocast", "trainer.keep_freed_memory", "trainer.pin_memory")
+CONF = Path(__file__).resolve().parents[2] / "conf"
 SKIP_DIRS = {".hydra", "checkpoints", "logs", "eval", "wandb", ".git", ".venv", "__pycache__", "data"}
 BACKBONE_NAMES = {"tiger": "TIGER", "llama": "Llama"}
 
@@ -163,11 +168,59 @@ def _choice(path: Path, group: str) -> str | None:
     return OmegaConf.select(OmegaConf.load(f), f"hydra.runtime.choices.{group}") if f.exists() else None
 
 
+def overrides_of(path: Path) -> list[str] | None:
+    """The run's command line: overrides.yaml (committed beside metrics.json) or Hydra's .hydra/overrides.yaml."""
+    f = next((f for f in (path / "overrides.yaml", path / ".hydra" / "overrides.yaml") if f.exists()), None)
+    return [str(o) for o in yaml.safe_load(f.read_text()) or []] if f else None
+
+
+@cache
+def composed(overrides: tuple[str, ...]) -> dict | None:
+    """The config this genrec composes for a command line, unresolved; None when it no longer composes."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    args = [o for o in overrides if not o.lstrip("+~").startswith("hydra.")]
+    try:
+        if GlobalHydra.instance().is_initialized():  # inside a Hydra app (python -m genrec.report): conf/ is its path
+            return OmegaConf.to_container(compose("config", overrides=args), resolve=False)
+        with initialize_config_dir(str(CONF), version_base="1.3"):
+            return OmegaConf.to_container(compose("config", overrides=args), resolve=False)
+    except Exception:
+        return None
+
+
+def _retarget(old: dict, new: dict) -> None:
+    """A `_target_` that no longer imports takes today's one of the same class name (a moved module)."""
+    t, now = old.get("_target_"), new.get("_target_")
+    if isinstance(t, str) and isinstance(now, str) and t.rsplit(".", 1)[-1] == now.rsplit(".", 1)[-1] \
+            and objective_class(t) is None:
+        old["_target_"] = now
+    for k, v in old.items():
+        if isinstance(v, dict) and isinstance(new.get(k), dict):
+            _retarget(v, new[k])
+
+
+def with_current_defaults(cfg: dict, overrides: list[str]) -> dict:
+    """A config written by an older genrec, completed with the keys added since at the values the same command
+    line composes today (a new key's default keeps the old behaviour), so that its runs and today's runs of
+    one experiment are one variant; keys the run has keep its values."""
+    base = composed(tuple(overrides))
+    if base is None:
+        return cfg
+    _retarget(cfg, base)
+    base = {k: v for k, v in base.items() if k not in ("run_dir", "logger", "hydra")}
+    return OmegaConf.to_container(OmegaConf.merge(OmegaConf.create(base), OmegaConf.create(cfg)), resolve=False)
+
+
 def load_run(path: Path, stale_minutes: float = 30.0) -> Run | None:
     f = path / "config.yaml" if (path / "config.yaml").exists() else path / ".hydra" / "config.yaml"
     cfg = OmegaConf.load(f)
     for k in ("run_dir", "logger", "hydra"):  # .hydra/config.yaml: interpolations only a Hydra app resolves
         cfg.pop(k, None)
+    if (overrides := overrides_of(path)) is not None and isinstance(raw := OmegaConf.to_container(cfg), dict) \
+            and all(isinstance(raw.get(k), dict) for k in ("dataset", "backbone", "objective")):
+        cfg = OmegaConf.create(with_current_defaults(raw, overrides))
     try:
         cfg = OmegaConf.to_container(cfg, resolve=True)
     except Exception:  # an interpolation this process cannot resolve: keep it as written

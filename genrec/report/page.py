@@ -9,9 +9,8 @@ import statistics
 from pathlib import Path
 
 import pandas as pd
-import yaml
 
-from genrec.report.load import BACKBONE_NAMES, Run
+from genrec.report.load import BACKBONE_NAMES, Run, overrides_of
 from genrec.report.select import Cell, Variant
 from genrec.report.table import cells, flat, markdown
 from genrec.runs import write_text
@@ -34,10 +33,9 @@ def rebuild_command(settings: dict) -> str:
 def rerun_command(r: Run) -> str:
     """`python -m genrec.train <its command-line overrides>` from the run's overrides.yaml (Hydra's
     .hydra/overrides.yaml, committed beside metrics.json)."""
-    f = next((f for f in (r.path / "overrides.yaml", r.path / ".hydra" / "overrides.yaml") if f.exists()), None)
-    if f is None:
+    if (overrides := overrides_of(r.path)) is None:
         return f"# no overrides.yaml: its full config is {r.path.name}/config.yaml"
-    return " ".join(["python -m genrec.train"] + [shlex.quote(str(o)) for o in yaml.safe_load(f.read_text()) or []])
+    return " ".join(["python -m genrec.train"] + [shlex.quote(o) for o in overrides])
 
 
 def _num(x, spec: str) -> str:

@@ -1,0 +1,58 @@
+"""Runs of one experiment made by different genrec versions are one variant of its row: a config written
+before keys were added (tests/data/legacy_run: office_cpu TIGER-CE as genrec wrote it at 9f5772e, before
+`trainer.length_window`, `trainer.lightning`, `callbacks`, `backbone.memory` and the move of the tokenizers
+to genrec.sid) is completed with today's defaults for its command line (overrides.yaml)."""
+
+import json
+import shutil
+from pathlib import Path
+
+import yaml
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from genrec.report.load import load_runs
+from genrec.report.select import group
+
+ROOT = Path(__file__).parents[1]
+LEGACY = Path(__file__).parent / "data" / "legacy_run"
+
+
+def todays_run(path: Path, *extra: str) -> Path:
+    """A run dir as today's genrec.train writes it for the legacy run's command line (+ extra overrides)."""
+    overrides = yaml.safe_load((LEGACY / "overrides.yaml").read_text()) + list(extra)
+    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=overrides)
+    cfg.run_dir = str(path)
+    path.mkdir(parents=True)
+    (path / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    (path / "overrides.yaml").write_text(yaml.safe_dump(overrides))
+    metrics = json.loads((LEGACY / "metrics.json").read_text())
+    (path / "metrics.json").write_text(json.dumps({**metrics, "seed": cfg.seed}))
+    return path
+
+
+def test_an_older_versions_run_joins_todays_runs_of_its_experiment(tmp_path):
+    shutil.copytree(LEGACY, tmp_path / "legacy")
+    runs = load_runs([tmp_path / "legacy", todays_run(tmp_path / "s43", "seed=43")])
+    assert [r.seed for r in runs] == [42, 43]
+    assert runs[0].key == runs[1].key
+    (variant,) = group(runs)[("apao_office", "tiger", "CE")]
+    assert [r.seed for r in variant.runs] == [42, 43]
+    assert runs[0].cfg["tokenizer"]["_target_"] == "genrec.sid.tokenizers.Precomputed"  # moved since
+
+
+def test_a_key_added_since_still_separates_a_changed_experiment(tmp_path):
+    """The legacy run predates trainer.length_window (it batched as today's default, 50): a run with
+    length_window=1 is another experiment; so is one that changes a key the legacy run has."""
+    shutil.copytree(LEGACY, tmp_path / "legacy")
+    runs = load_runs([tmp_path / "legacy", todays_run(tmp_path / "lw1", "seed=43", "trainer.length_window=1"),
+                      todays_run(tmp_path / "lr", "seed=43", "optim.lr=5e-4")])
+    assert len({r.key for r in runs}) == 3
+
+
+def test_without_its_command_line_an_older_run_stays_apart(tmp_path):
+    shutil.copytree(LEGACY, tmp_path / "legacy")
+    (tmp_path / "legacy" / "overrides.yaml").unlink()
+    runs = load_runs([tmp_path / "legacy", todays_run(tmp_path / "s43", "seed=43")])
+    assert runs[0].key != runs[1].key  # nothing says which defaults it ran with: not merged on a guess
