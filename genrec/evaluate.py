@@ -28,7 +28,7 @@ from genrec.data.datamodule import SeqDataModule
 from genrec.data.readers.common import DataError
 from genrec.eval.module import EvalModule
 from genrec.prepare import prepare
-from genrec.runs import checkpoint_path, load_backbone_state, write_json
+from genrec.runs import checkpoint_path, load_backbone_state, run_config, write_json
 
 
 def locate(ckpt: str) -> tuple[Path, Path]:
@@ -45,7 +45,7 @@ def locate(ckpt: str) -> tuple[Path, Path]:
 
 def evaluate(cfg: DictConfig) -> dict:
     run_dir, ckpt = locate(cfg.ckpt)
-    run_cfg = OmegaConf.load(run_dir / "config.yaml")
+    run_cfg = run_config(run_dir / "config.yaml")
     own = {"score": run_cfg.eval.get("score", "full"), "temperature": run_cfg.eval.get("temperature", 1.0)}
     with open_dict(run_cfg):
         run_cfg.eval = cfg.eval

@@ -1,6 +1,6 @@
 """Files of a run dir (and of the data cache), written atomically: a crash or kill -9 never leaves a
 half-written config.yaml, metrics.json, failed.json or cache index that a report or a resume would trust.
-And a run's checkpoint: where it is, and its model (backbone) weights."""
+A run's config as today's genrec reads it, and its checkpoint: where it is, and its model (backbone) weights."""
 
 from __future__ import annotations
 
@@ -9,6 +9,10 @@ import os
 from pathlib import Path
 
 import torch
+from omegaconf import DictConfig, OmegaConf
+
+# Modules that moved, for the `_target_`s of configs written before: old prefix -> today's.
+MOVED = {"genrec.data.sid.": "genrec.sid.tokenizers."}
 
 
 def write_text(path: Path, text: str) -> None:
@@ -20,6 +24,22 @@ def write_text(path: Path, text: str) -> None:
 
 def write_json(path: Path, obj: dict) -> None:
     write_text(path, json.dumps(obj, indent=1, default=float))
+
+
+def moved_targets(cfg: dict | list) -> dict | list:
+    """The config (a container) with every `_target_` under a moved module's old path renamed (MOVED)."""
+    if isinstance(cfg, list):
+        return [moved_targets(v) if isinstance(v, (dict, list)) else v for v in cfg]
+    out = {k: moved_targets(v) if isinstance(v, (dict, list)) else v for k, v in cfg.items()}
+    t = out.get("_target_")
+    if isinstance(t, str):
+        out["_target_"] = next((new + t[len(old):] for old, new in MOVED.items() if t.startswith(old)), t)
+    return out
+
+
+def run_config(path: Path) -> DictConfig:
+    """A run's config.yaml (written resolved) with moved modules' targets renamed."""
+    return OmegaConf.create(moved_targets(OmegaConf.to_container(OmegaConf.load(path))))
 
 
 def checkpoint_path(path: str | Path) -> Path:

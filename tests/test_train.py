@@ -90,6 +90,22 @@ def test_evaluate_reproduces_test_metrics_and_reruns_other_beams(tmp_path):
     assert (tmp_path / "run" / "eval" / "test-beam60-full.json").exists()
 
 
+def test_evaluate_a_run_whose_config_names_a_since_moved_module(tmp_path):
+    """Runs written before genrec/data/sid.py moved to genrec/sid/tokenizers.py name the old path in config.yaml."""
+    r = run(config(tmp_path, "trainer.max_epochs=1"))
+    cfg_file = tmp_path / "run" / "config.yaml"
+    assert "_target_: genrec.sid.tokenizers." in cfg_file.read_text()
+    cfg_file.write_text(cfg_file.read_text().replace("_target_: genrec.sid.tokenizers.", "_target_: genrec.data.sid."))
+    from genrec.evaluate import evaluate
+
+    with initialize_config_dir(CONF, version_base="1.3"):
+        cfg = compose("evaluate", overrides=[f"ckpt={tmp_path}/run", "eval.beam=5", "eval.ks=[1,5]",
+                                             f"data_dir={tmp_path.parent}/data"])
+    got = evaluate(cfg)
+    assert {k: v for k, v in got.items() if k.startswith("test/") and k != "test/loss"} == pytest.approx(
+        {k: v for k, v in r.items() if k.startswith("test/") and k != "test/loss"}, rel=1e-5)
+
+
 def test_evaluation_does_not_import_training_code():
     code = ("import sys, genrec.evaluate; "
             "print(sorted(m for m in sys.modules if m in ('genrec.train', 'genrec.lit') or m.startswith('genrec.objectives')))")

@@ -18,6 +18,8 @@ import pandas as pd
 import yaml
 from omegaconf import OmegaConf
 
+from genrec.runs import moved_targets
+
 # Config keys that do not define the experiment (seeds are averaged, the rest is bookkeeping/hardware).
 IGNORED = ("seed", "run_dir", "resume", "data_dir", "tags", "logger", "hydra", "init_from",
            "trainer.accelerator", "trainer.devices", "trainer.num_nodes", "trainer.strategy", "trainer.num_workers",
@@ -190,17 +192,6 @@ def composed(overrides: tuple[str, ...]) -> dict | None:
         return None
 
 
-def _retarget(old: dict, new: dict) -> None:
-    """A `_target_` that no longer imports takes today's one of the same class name (a moved module)."""
-    t, now = old.get("_target_"), new.get("_target_")
-    if isinstance(t, str) and isinstance(now, str) and t.rsplit(".", 1)[-1] == now.rsplit(".", 1)[-1] \
-            and objective_class(t) is None:
-        old["_target_"] = now
-    for k, v in old.items():
-        if isinstance(v, dict) and isinstance(new.get(k), dict):
-            _retarget(v, new[k])
-
-
 def with_current_defaults(cfg: dict, overrides: list[str]) -> dict:
     """A config written by an older genrec, completed with the keys added since at the values the same command
     line composes today (a new key's default keeps the old behaviour), so that its runs and today's runs of
@@ -208,7 +199,6 @@ def with_current_defaults(cfg: dict, overrides: list[str]) -> dict:
     base = composed(tuple(overrides))
     if base is None:
         return cfg
-    _retarget(cfg, base)
     base = {k: v for k, v in base.items() if k not in ("run_dir", "logger", "hydra")}
     return OmegaConf.to_container(OmegaConf.merge(OmegaConf.create(base), OmegaConf.create(cfg)), resolve=False)
 
@@ -218,9 +208,11 @@ def load_run(path: Path, stale_minutes: float = 30.0) -> Run | None:
     cfg = OmegaConf.load(f)
     for k in ("run_dir", "logger", "hydra"):  # .hydra/config.yaml: interpolations only a Hydra app resolves
         cfg.pop(k, None)
-    if (overrides := overrides_of(path)) is not None and isinstance(raw := OmegaConf.to_container(cfg), dict) \
+    raw = moved_targets(OmegaConf.to_container(cfg))
+    if (overrides := overrides_of(path)) is not None and isinstance(raw, dict) \
             and all(isinstance(raw.get(k), dict) for k in ("dataset", "backbone", "objective")):
-        cfg = OmegaConf.create(with_current_defaults(raw, overrides))
+        raw = with_current_defaults(raw, overrides)
+    cfg = OmegaConf.create(raw)
     try:
         cfg = OmegaConf.to_container(cfg, resolve=True)
     except Exception:  # an interpolation this process cannot resolve: keep it as written
