@@ -6,7 +6,8 @@
 
 Rebuilds the run's data, model and evaluator from its saved `config.yaml` (data artefacts come
 from the cache; no training objective: an S-DPO run evaluates without its reference run), loads
-the checkpoint's model weights, evaluates, and writes `<run dir>/eval/<split>-beam<K>.json`;
+the checkpoint's model weights, evaluates, and writes `<run dir>/eval/<split>-beam<K>.json`
+(`...-<checkpoint name>.json` for a checkpoint other than the run's selected one, e.g. last.ckpt);
 the last line printed is the same JSON object. Scoring (`eval.score`, `eval.temperature`) is the
 run's own unless overridden (the file name then says which). `split=valid` scores every validation
 user, also for a run that selected on a `trainer.val_users` sample.
@@ -67,7 +68,8 @@ def evaluate(cfg: DictConfig) -> dict:
     result = {**metrics, "beam": cfg.eval.beam, "full_rank": cfg.eval.full_rank, "eval_score": score,
               "eval_temperature": temperature, "checkpoint": str(ckpt)}
     scoring = "" if (score, temperature) == (own["score"], own["temperature"]) else f"-{score}-t{temperature:g}"
-    out = run_dir / "eval" / f"{cfg.split}-beam{cfg.eval.beam}{scoring}{'-full' if cfg.eval.full_rank else ''}.json"
+    other = "" if ckpt == checkpoint_path(run_dir) else f"-{ckpt.stem}"  # not the run's selected checkpoint
+    out = run_dir / "eval" / f"{cfg.split}-beam{cfg.eval.beam}{scoring}{'-full' if cfg.eval.full_rank else ''}{other}.json"
     out.parent.mkdir(exist_ok=True)
     write_json(out, result)
     return result

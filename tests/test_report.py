@@ -454,13 +454,16 @@ def write_eval(run: Path, beam: int, full: bool, metrics: dict, score: str = "fu
 
 def test_full_rank_reevaluation_supplies_the_metrics_a_run_lacks(tmp_path):
     """PR@k from eval/test-beam20-full.json (the run's own beam and scoring) fills the cells metrics.json
-    lacks; metrics.json wins where both have a key; other beams, scorings and beam-only evals do not count."""
+    lacks; metrics.json wins where both have a key; other beams, scorings, checkpoints and beam-only evals do not
+    count."""
     run = write_run(tmp_path / "apao", "office", "tiger", OBJECTIVES["pointwise"], 1,
                     {"test/recall@10": 0.06, "eval_score": "full"})
     write_eval(run, 20, True, {"test/pruning_rate@5": 0.2, "test/pruning_rate@10": 0.3, "test/recall@10": 0.9})
     write_eval(run, 10, True, {"test/pruning_rate@20": 0.5})  # another beam
     write_eval(run, 20, True, {"test/pruning_rate@20": 0.6}, score="masked")  # another scoring
     write_eval(run, 20, False, {"test/ndcg@10": 0.7})  # not full ranking
+    (run / "eval" / "test-beam20-full-last.json").write_text(json.dumps(  # another checkpoint of the run
+        {"test/pruning_rate@20": 0.8, "beam": 20, "full_rank": True, "eval_score": "full", "checkpoint": "x/last.ckpt"}))
     ce = write_run(tmp_path / "ce", "office", "tiger", OBJECTIVES["ce"], 1,
                    {"test/recall@10": 0.05, "test/pruning_rate@5": 0.4})
     write_eval(ce, 20, True, {"test/pruning_rate@5": 0.1, "test/pruning_rate@10": 0.5})  # no eval_score in metrics

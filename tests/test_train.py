@@ -90,6 +90,24 @@ def test_evaluate_reproduces_test_metrics_and_reruns_other_beams(tmp_path):
     assert (tmp_path / "run" / "eval" / "test-beam60-full.json").exists()
 
 
+def test_evaluating_another_checkpoint_of_a_run_keeps_the_selected_ones_file(tmp_path):
+    """eval/<split>-beam<K>.json is the run's selected checkpoint's (the report reads it as the run's); another
+    checkpoint of the run (last.ckpt) gets its own file, named after it."""
+    run(config(tmp_path, "trainer.max_epochs=2"))
+    from genrec.evaluate import evaluate
+
+    def ev(ckpt: str) -> dict:
+        with initialize_config_dir(CONF, version_base="1.3"):
+            return evaluate(compose("evaluate", overrides=[f"ckpt={ckpt}", "eval.beam=5", "eval.ks=[1,5]",
+                                                           f"data_dir={tmp_path.parent}/data"]))
+    ev(f"{tmp_path}/run")
+    ev(f"{tmp_path}/run/checkpoints/last.ckpt")
+    out = tmp_path / "run" / "eval"
+    assert sorted(p.name for p in out.iterdir()) == ["test-beam5-last.json", "test-beam5.json"]
+    assert json.loads((out / "test-beam5.json").read_text())["checkpoint"].endswith("best.ckpt")
+    assert json.loads((out / "test-beam5-last.json").read_text())["checkpoint"].endswith("last.ckpt")
+
+
 def test_evaluate_a_run_whose_config_names_a_since_moved_module(tmp_path):
     """Runs written before genrec/data/sid.py moved to genrec/sid/tokenizers.py name the old path in config.yaml."""
     r = run(config(tmp_path, "trainer.max_epochs=1"))

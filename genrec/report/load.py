@@ -110,8 +110,11 @@ class Run:
         return self.cfg.get("trainer", {}).get("monitor", "val/ndcg@10")
 
     def evals(self, split: str) -> list[dict]:
-        """Re-evaluations written by genrec.evaluate: eval/<split>-beam<K>[-full].json."""
-        return [j for f in sorted((self.path / "eval").glob(f"{split}-beam*.json")) if (j := read_json(f))]
+        """Re-evaluations of the run's selected checkpoint written by genrec.evaluate: eval/<split>-beam<K>[-full].json
+        (not another checkpoint's, `...-last.json`)."""
+        mine = Path(str((self.metrics or {}).get("checkpoint", "best.ckpt"))).name
+        return [j for f in sorted((self.path / "eval").glob(f"{split}-beam*.json"))
+                if (j := read_json(f)) and Path(str(j.get("checkpoint", mine))).name == mine]
 
     @cached_property
     def values(self) -> dict:
