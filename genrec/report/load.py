@@ -109,7 +109,7 @@ class Run:
     def monitor(self) -> str:
         return self.cfg.get("trainer", {}).get("monitor", "val/ndcg@10")
 
-    def evals(self, split: str) -> list[dict]:
+    def evals(self, split: str = "*") -> list[dict]:
         """Re-evaluations of the run's selected checkpoint written by genrec.evaluate: eval/<split>-beam<K>[-full].json
         (not another checkpoint's, `...-last.json`)."""
         mine = Path(str((self.metrics or {}).get("checkpoint", "best.ckpt"))).name
@@ -126,7 +126,7 @@ class Run:
             score = (m.get("eval_score"), e.get("eval_score"))
             return bool(e.get("full_rank")) and e.get("beam") == self.cfg["eval"].get("beam") and (
                 None in score or score[0] == score[1])
-        full = [e for f in sorted((self.path / "eval").glob("*.json")) if (e := read_json(f)) and own(e)]
+        full = [e for e in self.evals() if own(e)]
         return {k: v for e in full for k, v in e.items() if "/" in k} | m
 
     @cached_property
