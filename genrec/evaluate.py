@@ -22,7 +22,7 @@ from pathlib import Path
 import hydra
 import lightning as L
 import torch
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, open_dict
 
 from genrec.config_check import exit_if_invalid
 from genrec.data.datamodule import SeqDataModule

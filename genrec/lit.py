@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 import time
 
-import lightning as L
 import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig

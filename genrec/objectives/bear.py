@@ -25,7 +25,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from genrec.sid.trie import Trie
 from genrec.models.base import Backbone
 from genrec.objectives.ce import CE
 from genrec.objectives.msl import allowed_masks
