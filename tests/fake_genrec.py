@@ -1,0 +1,27 @@
+"""Stands in for `python -m genrec.{train,evaluate,report}` in tests of scripts/results_office.sh: writes what
+each would write (run dir files, a full-rank eval, nothing for the report) and logs the call to $FAKE_CALLS.
+$FAKE_SLOW: seconds a training call sleeps first; $FAKE_FAIL: a run dir name whose training fails."""
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+_, module, *args = sys.argv[1:] if sys.argv[1] == "-m" else ["", *sys.argv[1:]]
+kv = dict(a.split("=", 1) for a in args if "=" in a)
+with open(os.environ["FAKE_CALLS"], "a") as f:
+    f.write(json.dumps([module, *args]) + "\n")
+if module == "genrec.train":
+    run = Path(kv["hydra.run.dir"])
+    time.sleep(float(os.environ.get("FAKE_SLOW", 0)))
+    if run.name == os.environ.get("FAKE_FAIL"):
+        sys.exit(1)
+    (run / ".hydra").mkdir(parents=True, exist_ok=True)
+    (run / ".hydra" / "overrides.yaml").write_text("".join(f"- {a}\n" for a in args))
+    (run / "config.yaml").write_text("seed: 1\n")
+    (run / "metrics.json").write_text(json.dumps({"test/recall@10": 0.05}))
+elif module == "genrec.evaluate":
+    run = Path(kv["ckpt"])
+    (run / "eval").mkdir(exist_ok=True)
+    (run / "eval" / "test-beam20-full.json").write_text(json.dumps({"test/pruning_rate@5": 0.3}))

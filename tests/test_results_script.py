@@ -1,0 +1,61 @@
+"""scripts/results_office.sh's orchestration (rows in two waves, skipping, LIMIT, failures), with
+tests/fake_genrec.py standing in for genrec: a copy of the script runs in a scratch tree."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).parents[1]
+
+
+def script(tmp_path: Path, *rows: str, **env: str) -> tuple[subprocess.CompletedProcess, list[list[str]]]:
+    (tmp_path / "scripts").mkdir(exist_ok=True)
+    shutil.copy(ROOT / "scripts" / "results_office.sh", tmp_path / "scripts")
+    calls = tmp_path / "calls.jsonl"
+    calls.unlink(missing_ok=True)
+    env = {**os.environ, "PY": f"{sys.executable} {ROOT / 'tests' / 'fake_genrec.py'}", "DATA": "/data",
+           "FAKE_CALLS": str(calls), **env}
+    out = subprocess.run(["bash", "scripts/results_office.sh", *rows], cwd=tmp_path, env=env, capture_output=True,
+                         text=True, timeout=120)
+    return out, [json.loads(line) for line in calls.read_text().splitlines()] if calls.exists() else []
+
+
+def trained(calls: list[list[str]]) -> list[str]:
+    return [Path(next(a for a in c if a.startswith("hydra.run.dir="))).name for c in calls if c[0] == "genrec.train"]
+
+
+def test_a_row_that_starts_from_another_trains_after_it_and_done_rows_are_skipped(tmp_path):
+    out, calls = script(tmp_path, "tiger-apao_pairwise-s42", "tiger-ce-s42", "tiger-msl-s42", JOBS="2")
+    assert out.returncode == 0, out.stderr
+    assert sorted(trained(calls)[:2]) == ["tiger-ce-s42", "tiger-msl-s42"] and trained(calls)[2] == "tiger-apao_pairwise-s42"
+    pairwise = next(c for c in calls if "objective=apao_pairwise" in c)
+    assert "init_from=outputs/results_office/office_cpu/tiger-ce-s42" in pairwise
+    assert "experiment=office_cpu" in pairwise and "trainer.val_users=null" in pairwise
+    for row in ("tiger-ce-s42", "tiger-msl-s42", "tiger-apao_pairwise-s42"):
+        d = tmp_path / "docs" / "results" / "runs" / "office_cpu" / row
+        assert {p.name for p in d.iterdir()} == {"metrics.json", "config.yaml", "overrides.yaml", "eval"}
+        assert (d / "eval" / "test-beam20-full.json").exists()
+    assert [c[0] for c in calls].count("genrec.report") == 1
+
+    out, calls = script(tmp_path, "tiger-apao_pairwise-s42", "tiger-ce-s42", "tiger-msl-s42")
+    assert out.returncode == 0 and trained(calls) == [] and out.stdout.count("skip ") == 3
+
+
+def test_limit_stops_a_row_for_the_next_call_and_its_dependants_wait(tmp_path):
+    out, calls = script(tmp_path, "tiger-ce-s42", "tiger-sdpo-s42", LIMIT="1", FAKE_SLOW="5", FULL_RANK="0")
+    assert out.returncode == 0, out.stderr
+    assert "tiger-ce-s42: stopped after 1s, resumes next call" in out.stdout
+    assert "tiger-sdpo-s42: waits for tiger-ce-s42 (not finished)" in out.stdout
+    assert trained(calls) == ["tiger-ce-s42"] and not (tmp_path / "docs").exists()
+
+
+def test_a_failed_row_fails_the_call_after_the_others_finish(tmp_path):
+    out, calls = script(tmp_path, "tiger-ce-s42", "tiger-msl-s42", RECIPE="apao_release", FAKE_FAIL="tiger-ce-s42")
+    assert out.returncode == 1 and "1 row(s) failed" in out.stderr
+    assert (tmp_path / "docs" / "results" / "runs" / "apao_release" / "tiger-msl-s42" / "metrics.json").exists()
+    assert "experiment=apao_release" in next(c for c in calls if c[0] == "genrec.train")
+    out, _ = script(tmp_path, "nope")
+    assert out.returncode == 2 and "unknown row nope" in out.stderr
