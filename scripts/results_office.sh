@@ -95,8 +95,8 @@ failed=0
 for wave in first second; do  # rows that start from another row's run come second
   for r in "${rows[@]}"; do
     if done_row "$r"; then [[ $wave == first ]] && echo "skip $r ($DOCS/$r/metrics.json)"; continue; fi
-    [[ ${ROWS[$r]} == *init_from=@* ]] && [[ $wave == first ]] && continue
-    [[ ${ROWS[$r]} != *init_from=@* ]] && [[ $wave == second ]] && continue
+    [[ ${ROWS[$r]} == *init_from=@* ]] && starts=second || starts=first
+    [[ $starts == "$wave" ]] || continue
     echo "$r: started (log $RUNS/$r.log)"
     row "$r" >> "$RUNS/$r.log" 2>&1 &
     while (( $(jobs -rp | wc -l) >= JOBS )); do wait -n || failed=$((failed + 1)); done

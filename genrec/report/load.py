@@ -31,6 +31,7 @@ IGNORED = ("seed", "run_dir", "resume", "data_dir", "tags", "logger", "hydra", "
            # how memory is saved, not what is computed (the same losses and metrics: tests/test_pinned_metrics.py)
            "backbone.memory", "backbone.memory_users", "backbone.memory_under_autocast", "backbone.lean_users",
            "backbone.lean_under_autocast", "trainer.keep_freed_memory", "trainer.pin_memory")
+BOOKKEEPING = ("run_dir", "logger", "hydra")  # where this run wrote, not what it ran (and ${hydra:...} interpolations)
 CONF = Path(__file__).resolve().parents[2] / "conf"
 SKIP_DIRS = {".hydra", "checkpoints", "logs", "eval", "wandb", ".git", ".venv", "__pycache__", "data"}
 BACKBONE_NAMES = {"tiger": "TIGER", "llama": "Llama"}
@@ -202,26 +203,24 @@ def with_current_defaults(cfg: dict, overrides: list[str]) -> dict:
     base = composed(tuple(overrides))
     if base is None:
         return cfg
-    base = {k: v for k, v in base.items() if k not in ("run_dir", "logger", "hydra")}
+    base = {k: v for k, v in base.items() if k not in BOOKKEEPING}
     return OmegaConf.to_container(OmegaConf.merge(OmegaConf.create(base), OmegaConf.create(cfg)), resolve=False)
 
 
 def load_run(path: Path, stale_minutes: float = 30.0) -> Run | None:
     f = path / "config.yaml" if (path / "config.yaml").exists() else path / ".hydra" / "config.yaml"
-    cfg = OmegaConf.load(f)
-    for k in ("run_dir", "logger", "hydra"):  # .hydra/config.yaml: interpolations only a Hydra app resolves
-        cfg.pop(k, None)
-    raw = moved_targets(OmegaConf.to_container(cfg))
-    if (overrides := overrides_of(path)) is not None and isinstance(raw, dict) \
-            and all(isinstance(raw.get(k), dict) for k in ("dataset", "backbone", "objective")):
+    raw = moved_targets(OmegaConf.to_container(OmegaConf.load(f)))
+    if not isinstance(raw, dict) or not all(isinstance(raw.get(k), dict) for k in ("dataset", "backbone", "objective")):
+        return None  # some other config.yaml
+    for k in BOOKKEEPING:  # .hydra/config.yaml: interpolations only a Hydra app resolves
+        raw.pop(k, None)
+    if (overrides := overrides_of(path)) is not None:
         raw = with_current_defaults(raw, overrides)
     cfg = OmegaConf.create(raw)
     try:
         cfg = OmegaConf.to_container(cfg, resolve=True)
     except Exception:  # an interpolation this process cannot resolve: keep it as written
         cfg = OmegaConf.to_container(cfg, resolve=False)
-    if not isinstance(cfg, dict) or not all(isinstance(cfg.get(k), dict) for k in ("dataset", "backbone", "objective")):
-        return None  # some other config.yaml
     metrics, failed = read_json(path / "metrics.json"), read_json(path / "failed.json")
     if metrics is not None or failed is not None:  # train.py writes failed.json when a run raises
         status = "ok" if metrics is not None else "failed"
