@@ -127,6 +127,7 @@ CHECKS: dict[str, tuple[Check, str]] = {
     "optim.weight_decay": number(ge=0),
     "optim.warmup": number(ge=0, lt=1),
     "optim.min_lr_ratio": number(ge=0, le=1),
+    "optim.cooldown": number(gt=0, le=1),
     "split": one_of("test", "valid"),  # genrec.evaluate
     "batch_size": POSITIVE,  # genrec.evaluate
 }

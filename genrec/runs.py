@@ -13,6 +13,9 @@ from omegaconf import DictConfig, OmegaConf
 
 # Modules that moved, for the `_target_`s of configs written before: old prefix -> today's.
 MOVED = {"genrec.data.sid.": "genrec.sid.tokenizers."}
+# Keys added since runs were first written, at the value that reproduces what genrec did before them (a
+# preset may set another value today: a run that predates the key never ran it).
+ADDED = {"optim.cooldown": 1.0}
 
 
 def write_text(path: Path, text: str) -> None:

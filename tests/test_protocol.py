@@ -2,6 +2,7 @@
 clipping, the release's datasets and presets, evaluation scoring modes, the Optuna return value."""
 
 import copy
+import math
 import re
 from pathlib import Path
 
@@ -118,6 +119,42 @@ def test_clip_on_matches_explicit_accumulation_and_clipping(tmp_path, clip_on):
     got = _flat(module)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
     assert (got - other).abs().max() > 100 * (got - want).abs().max()  # the two semantics really differ here
+
+
+# ---- the learning-rate schedule ----------------------------------------------------------
+def _reference_lr(step: int, total: int, warmup: int, cooldown: float, floor: float) -> float:
+    """Linear warm-up over `warmup` steps, then flat at 1, then a cosine from 1 to `floor` over the last
+    `cooldown` share of the steps after warm-up (cooldown 1: the cosine spans all of them)."""
+    if step < warmup:
+        return (step + 1) / (warmup + 1)
+    decay_steps = cooldown * (total - warmup)
+    start = total - decay_steps
+    if step < start:
+        return 1.0
+    t = (step - start) / decay_steps
+    return floor + (1 - floor) * (1 + math.cos(math.pi * min(t, 1.0))) / 2
+
+
+@pytest.mark.parametrize("cooldown, floor", [(1.0, 0.0), (0.2, 0.0), (0.5, 0.1)])
+def test_lr_schedule_warms_up_holds_then_cools_down(tmp_path, cooldown, floor):
+    cfg = config(tmp_path, "optim.warmup=0.05", f"optim.cooldown={cooldown}", f"optim.min_lr_ratio={floor}")
+    module, _ = _module(cfg)  # 100 steps per epoch
+    module.cfg.trainer.max_epochs = 2
+    sched = module.configure_optimizers()["lr_scheduler"]["scheduler"]
+    got = [sched.lr_lambdas[0](s) for s in range(201)]
+    want = [_reference_lr(s, 200, 10, cooldown, floor) for s in range(201)]
+    assert got == pytest.approx(want, abs=1e-12)
+    flat = sum(1 for s in range(10, 200) if want[s] == 1.0)
+    assert flat == round((1 - cooldown) * 190) + 1  # flat up to and including the cooldown's first step
+    assert got[200] == pytest.approx(floor)
+
+
+def test_cooldown_outside_zero_one_is_one_clear_error(tmp_path):
+    from genrec.config_check import ConfigError
+
+    with pytest.raises(ConfigError, match="optim.cooldown=0"):
+        run(config(tmp_path, "optim.cooldown=0", f"data_dir={tmp_path}/data"))
+    assert not (tmp_path / "data").exists()
 
 
 # ---- the release's datasets and presets ----------------------------------------------------

@@ -32,9 +32,13 @@ def todays_run(path: Path, *extra: str) -> Path:
     return path
 
 
+# office_cpu as it was at 9f5772e, on today's command line: the preset has changed since
+OFFICE_CPU_V1 = ("trainer.val_users=1000", "trainer.check_val_every_n_epoch=2", "optim.cooldown=1.0")
+
+
 def test_an_older_versions_run_joins_todays_runs_of_its_experiment(tmp_path):
     shutil.copytree(LEGACY, tmp_path / "legacy")
-    runs = load_runs([tmp_path / "legacy", todays_run(tmp_path / "s43", "seed=43")])
+    runs = load_runs([tmp_path / "legacy", todays_run(tmp_path / "s43", "seed=43", *OFFICE_CPU_V1)])
     assert [r.seed for r in runs] == [42, 43]
     assert runs[0].key == runs[1].key
     (variant,) = group(runs)[("apao_office", "tiger", "CE")]
@@ -46,9 +50,18 @@ def test_a_key_added_since_still_separates_a_changed_experiment(tmp_path):
     """The legacy run predates trainer.length_window (it batched as today's default, 50): a run with
     length_window=1 is another experiment; so is one that changes a key the legacy run has."""
     shutil.copytree(LEGACY, tmp_path / "legacy")
-    runs = load_runs([tmp_path / "legacy", todays_run(tmp_path / "lw1", "seed=43", "trainer.length_window=1"),
-                      todays_run(tmp_path / "lr", "seed=43", "optim.lr=5e-4")])
+    runs = load_runs([tmp_path / "legacy", todays_run(tmp_path / "lw1", "seed=43", *OFFICE_CPU_V1, "trainer.length_window=1"),
+                      todays_run(tmp_path / "lr", "seed=43", *OFFICE_CPU_V1, "optim.lr=5e-4")])
     assert len({r.key for r in runs}) == 3
+
+
+def test_a_key_added_since_with_a_preset_value_keeps_the_old_behaviour(tmp_path):
+    """optim.cooldown came after the legacy run, and today's office_cpu sets it to 0.2; the legacy run ran a
+    plain cosine (1.0). Filling the key from today's preset would merge it into a schedule it never ran."""
+    shutil.copytree(LEGACY, tmp_path / "legacy")
+    legacy, today = load_runs([tmp_path / "legacy", todays_run(tmp_path / "s43", "seed=43", *OFFICE_CPU_V1[:2])])
+    assert legacy.cfg["optim"]["cooldown"] == 1.0 and today.cfg["optim"]["cooldown"] == 0.2
+    assert legacy.key != today.key
 
 
 def test_without_its_command_line_an_older_run_stays_apart(tmp_path):

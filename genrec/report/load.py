@@ -18,7 +18,7 @@ import pandas as pd
 import yaml
 from omegaconf import OmegaConf
 
-from genrec.runs import moved_targets
+from genrec.runs import ADDED, moved_targets
 
 # Config keys that do not define the experiment (seeds are averaged, the rest is bookkeeping/hardware).
 IGNORED = ("seed", "run_dir", "resume", "data_dir", "tags", "logger", "hydra", "init_from",
@@ -198,13 +198,17 @@ def composed(overrides: tuple[str, ...]) -> dict | None:
 
 def with_current_defaults(cfg: dict, overrides: list[str]) -> dict:
     """A config written by an older genrec, completed with the keys added since at the values the same command
-    line composes today (a new key's default keeps the old behaviour), so that its runs and today's runs of
-    one experiment are one variant; keys the run has keep its values."""
+    line composes today (a new key's default keeps the old behaviour; keys in `ADDED` take the value listed
+    there), so that its runs and today's runs of one experiment are one variant; keys the run has keep its values."""
     base = composed(tuple(overrides))
     if base is None:
         return cfg
-    base = {k: v for k, v in base.items() if k not in BOOKKEEPING}
-    return OmegaConf.to_container(OmegaConf.merge(OmegaConf.create(base), OmegaConf.create(cfg)), resolve=False)
+    base = OmegaConf.create({k: v for k, v in base.items() if k not in BOOKKEEPING})
+    run = OmegaConf.create(cfg)
+    for key, old in ADDED.items():  # not what today's preset sets: what genrec did before the key existed
+        if OmegaConf.select(run, key) is None:
+            OmegaConf.update(base, key, old, force_add=True)
+    return OmegaConf.to_container(OmegaConf.merge(base, run), resolve=False)
 
 
 def load_run(path: Path, stale_minutes: float = 30.0) -> Run | None:
