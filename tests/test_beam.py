@@ -13,7 +13,7 @@ from toy import ToyBackbone, random_batch, random_sids
 from genrec.sid.codes import SemanticIds
 from genrec.eval.beam import beam_search
 from genrec.eval.evaluator import Evaluator
-from genrec.eval.fullrank import full_scores, rank_of
+from genrec.eval.fullrank import full_scores, rank_of, top_rank
 from genrec.sid.trie import Trie
 from genrec.models.base import Backbone
 
@@ -186,14 +186,91 @@ def test_evaluator_rows_agree_with_beam_and_full_ranking():
     assert torch.equal(rows["prefix_hit"][:, -1], returned)
     # the teacher-forced CE row is the target's exact log-prob over T tokens, from the same encoding
     torch.testing.assert_close(rows["loss"], -brute[torch.arange(len(target)), target].float() / sids.num_levels)
-    wide = Evaluator(beam=C, full_rank=True).per_example(bb, trie, batch)
-    assert torch.equal(wide["rank"], wide["full_rank"]) and wide["prefix_hit"].all()
+    wide = Evaluator(beam=C, full_rank=True).per_example(bb, trie, batch)  # beam >= max(ks): capped search
+    assert torch.equal(wide["rank"].clamp(max=21), wide["full_rank"]) and wide["prefix_hit"].all()
     out = Evaluator(beam=C, ks=(10, 20, 40), full_rank=True).summarize(wide)
     assert all(out[f"pruning_rate@{k}"] == 0.0 for k in (10, 20, 40))
     assert out["recall@20"] == out["full/recall@20"] == (wide["full_rank"] <= 20).double().mean().item()
     top = rows["full_rank"] <= 20
     pr = Evaluator(beam=5, ks=(20,), full_rank=True).summarize(rows)["pruning_rate@20"]
     assert top.any() and pr == (rows["rank"][top] == 0).double().mean().item()
+
+
+def capped_brute_rank(scores: torch.Tensor, target: torch.Tensor, cap: int) -> list[int]:
+    """Explicit loops: 1 + the candidates scoring above the target (ties: lower id first), cap + 1 beyond cap."""
+    out = []
+    for b, t in enumerate(target.tolist()):
+        ahead = sum(1 for c, v in enumerate(scores[b].tolist()) if v > scores[b, t] or (v == scores[b, t] and c < t))
+        out.append(min(ahead + 1, cap + 1))
+    return out
+
+
+@pytest.mark.parametrize("sizes,items,cap", [([4, 4, 4], 40, 3), ([4, 4, 4], 40, 10), ([3, 3, 3, 3], 60, 5),
+                                             ([5, 2], 7, 4), ([5, 2], 7, 9)])
+@pytest.mark.parametrize("score,temperature", [("full", 1.0), ("masked", 2.0)])
+def test_top_rank_is_the_capped_full_ranking(sizes, items, cap, score, temperature):
+    """The floor is the beam's cap-th best score (-inf where the catalogue has fewer items); every user's
+    target is tried, and the beam's own items as targets, so ranks 1..cap and beyond all occur."""
+    sids, trie, bb, batch = setup(sizes, items, batch=8, seed=5)
+    enc = bb.encode(batch["history"], batch["mask"])
+    full = full_scores(bb, enc, trie, score=score, temperature=temperature)
+    res = beam_search(bb, enc, trie, max(cap, 5), score, temperature)
+    floor = res.scores[:, cap - 1]
+    targets = [batch["target_cand"], res.cands[:, 0], res.cands[:, min(cap, res.cands.shape[1]) - 1].clamp(min=0)]
+    seen = set()
+    for target in targets:
+        for chunk in (1, 4096):  # one (user, prefix) row per step call, or all at once
+            got = top_rank(bb, enc, trie, target, floor, cap, chunk, score, temperature)
+            assert got.tolist() == capped_brute_rank(full, target, cap)
+        seen |= set(got.tolist())
+    assert 1 in seen and (cap + 1 in seen or items <= cap)
+    no_floor = top_rank(bb, enc, trie, batch["target_cand"], torch.full_like(floor, float("-inf")), items, 3, score,
+                        temperature)
+    assert no_floor.tolist() == rank_of(full, batch["target_cand"]).tolist()  # uncapped: the full ranking
+
+
+def test_top_rank_expands_exactly_the_prefixes_above_the_floor():
+    """The search's cost: at each level the step call holds, per user, the prefixes scoring >= the floor
+    (brute force: each distinct prefix teacher-forced), padded to the widest user; no other prefix."""
+    sids, trie, bb, batch = setup([16, 16, 16], 1000, batch=4, seed=6)
+    bb.out.weight.data *= 3  # peaked, as a trained model is
+    enc = bb.encode(batch["history"], batch["mask"])
+    floor = beam_search(bb, enc, trie, 5).scores[:, 4]
+    widths = []
+    step = bb.step
+
+    def counting(state, tokens, parents):
+        if tokens is not None:
+            widths.append(tokens.shape[1])
+        return step(state, tokens, parents)
+
+    bb.step = counting
+    top_rank(bb, enc, trie, batch["target_cand"], floor, 5)
+    codes = sids.cand_tokens()
+    want = []
+    for m in (1, 2):
+        prefixes = torch.unique(codes[:, :m], dim=0)  # [P_m, m]
+        logits = bb.prefix_logits(enc, prefixes[None, :, :-1].expand(4, -1, -1))
+        logp = torch.log_softmax(logits.float(), -1).gather(-1, prefixes[None, :, :, None].expand(4, -1, -1, 1))
+        above = logp[..., 0].sum(-1) >= floor[:, None] - 1e-4  # [B, P_m]
+        want.append(int(above.sum(1).max()))
+    assert widths == want, (widths, want)
+    assert sum(want) < (trie.num_prefixes(1) + trie.num_prefixes(2)) / 3  # vs full ranking's rows
+
+
+@pytest.mark.parametrize("beam", [5, 20])
+def test_evaluator_full_rank_rows_with_the_capped_search(beam):
+    """beam >= max(ks): full_rank rows come from `top_rank` (capped at max(ks) + 1); the metrics equal
+    those of the exhaustive ranking."""
+    sids, trie, bb, batch = setup([4, 4, 4], 60, batch=8, seed=7)
+    ev = Evaluator(beam=beam, ks=(1, 5), full_rank=True)
+    rows = ev.per_example(bb, trie, batch)
+    brute = brute_scores(bb, batch["history"], batch["mask"], sids)
+    exact = torch.tensor([int((brute[b] > brute[b, t]).sum()) + 1 for b, t in enumerate(batch["target_cand"])])
+    assert rows["full_rank"].tolist() == exact.clamp(max=6).tolist()
+    assert (exact > 6).any()  # the cap binds for some user
+    want = ev.summarize({**rows, "full_rank": exact})
+    assert ev.summarize(rows) == want
 
 
 # --- the fast backbones: cached step vs the reference step and the reference loop -------------
@@ -232,6 +309,11 @@ def test_fast_backbones():
             torch.testing.assert_close(ref.scores, res.scores, rtol=0, atol=1e-4)
         full = full_scores(bb, enc, trie, chunk=9)  # two prefixes per step call
         torch.testing.assert_close(full, brute_scores(bb, batch["history"], batch["mask"], sids), rtol=0, atol=1e-4)
+        for cap in (1, 5):
+            target = torch.tensor([0, 7, 13, 39])
+            floor = beam_search(bb, enc, trie, 8).scores[:, cap - 1]
+            got = top_rank(bb, enc, trie, target, floor, cap, chunk=9)
+            assert got.tolist() == capped_brute_rank(full, target, cap), type(bb).__name__
 
 
 class RefStep(Backbone):

@@ -13,7 +13,7 @@ import torch
 
 from genrec.eval import metrics
 from genrec.eval.beam import SCORES, beam_search
-from genrec.eval.fullrank import full_scores, rank_of
+from genrec.eval.fullrank import full_scores, rank_of, top_rank
 from genrec.sid.trie import Trie
 from genrec.models.base import Backbone
 
@@ -36,7 +36,8 @@ class Evaluator:
     @torch.no_grad()
     def per_example(self, backbone: Backbone, trie: Trie, batch: dict) -> dict[str, torch.Tensor]:
         """index [B]; rank [B] (target's 1-based rank in the beam list, 0 = not returned);
-        prefix_hit [B, T] (target's m-prefix kept at step m); full_rank [B] if enabled."""
+        prefix_hit [B, T] (target's m-prefix kept at step m); full_rank [B] if enabled: the exact rank, or
+        max(ks) + 1 for any rank beyond max(ks) when beam >= max(ks) (see `genrec.eval.fullrank.top_rank`)."""
         enc = backbone.encode(batch["history"], batch["mask"])
         res = beam_search(backbone, enc, trie, self.beam, self.score, self.temperature)
         target = batch["target_cand"]
@@ -49,8 +50,13 @@ class Evaluator:
         loss = -backbone.prefix_logprobs(enc, target_tokens[..., :-1], target_tokens)[:, 0].mean(-1)
         rows = {"index": batch["index"], "rank": rank, "prefix_hit": prefix_hit, "loss": loss}
         if self.full_rank:
-            scores = full_scores(backbone, enc, trie, self.chunk, self.score, self.temperature)
-            rows["full_rank"] = rank_of(scores, target)
+            cap = max(self.ks)  # metrics only ask whether the exact rank is <= k
+            if self.beam >= cap:  # at least `cap` items reach the beam's cap-th score: search above it only
+                rows["full_rank"] = top_rank(backbone, enc, trie, target, res.scores[:, cap - 1], cap, self.chunk,
+                                             self.score, self.temperature)
+            else:
+                scores = full_scores(backbone, enc, trie, self.chunk, self.score, self.temperature)
+                rows["full_rank"] = rank_of(scores, target)
         return rows
 
     def summarize(self, rows: dict[str, torch.Tensor]) -> dict[str, float]:
