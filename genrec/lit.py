@@ -143,13 +143,13 @@ class GenRec(EvalModule):
             self.total_steps = self.steps_per_epoch * self.cfg.trainer.max_epochs
         total = max(1, self.total_steps)
         warmup = int(o.warmup * total)
-        decay = o.cooldown * max(1, total - warmup)  # the cosine spans the last `cooldown` share
-        start = total - decay
+        cooldown = o.cooldown * max(1, total - warmup)  # the cosine spans the last `cooldown` share
+        start = total - cooldown
 
         def schedule(step: int) -> float:  # linear warm-up, flat, cosine from 1 to min_lr_ratio
             if step < warmup:
                 return (step + 1) / (warmup + 1)
-            progress = min(1.0, max(0.0, (step - start) / decay))
+            progress = min(1.0, max(0.0, (step - start) / cooldown))
             return o.min_lr_ratio + (1 - o.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
         sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)

@@ -13,7 +13,7 @@ from toy import ToyBackbone, random_batch, random_sids
 from genrec.sid.codes import SemanticIds
 from genrec.eval.beam import beam_search
 from genrec.eval.evaluator import Evaluator
-from genrec.eval.fullrank import full_scores, rank_of, top_rank
+from genrec.eval.fullrank import TOLERANCE, full_scores, rank_of, top_rank
 from genrec.sid.trie import Trie
 from genrec.models.base import Backbone
 
@@ -129,6 +129,9 @@ def test_ties_are_broken_by_beam_then_token():
     lists, _ = reference_beam(bb, batch["history"], batch["mask"], sids, 4)
     assert beam_search(bb, enc, trie, 4).cands.tolist() == lists
     assert rank_of(full_scores(bb, enc, trie), torch.tensor([0, 7])).tolist() == [1, 8]
+    floor = beam_search(bb, enc, trie, 10).scores[:, 9]  # every item ties with the floor: all of them expanded
+    assert top_rank(bb, enc, trie, torch.tensor([0, 7]), floor, 10).tolist() == [1, 8]
+    assert top_rank(bb, enc, trie, torch.tensor([12, 3]), floor, 10).tolist() == [11, 4]  # 13th: beyond the cap
 
 
 def spec_example():
@@ -168,8 +171,9 @@ def test_spec_example_pruning():
     assert out["recall@1"] == 0.5 and out["full/recall@1"] == 0.5 and out["full/recall@2"] == 1.0
     assert out["pruning_rate@1"] == 1.0 and out["pruning_rate@2"] == 0.5
     assert out["prefix_recall@1"] == 0.5 and out["prefix_recall@2"] == 0.5
-    wide = Evaluator(beam=2, ks=(1, 2), full_rank=True).per_example(bb, trie, batch)
+    wide = Evaluator(beam=2, ks=(1, 2), full_rank=True).per_example(bb, trie, batch)  # the capped search
     assert wide["rank"].tolist() == [1, 2] and wide["prefix_hit"].all()
+    assert wide["full_rank"].tolist() == [1, 2]  # B ties with C: the lower id first
 
 
 def test_evaluator_rows_agree_with_beam_and_full_ranking():
@@ -252,10 +256,25 @@ def test_top_rank_expands_exactly_the_prefixes_above_the_floor():
         prefixes = torch.unique(codes[:, :m], dim=0)  # [P_m, m]
         logits = bb.prefix_logits(enc, prefixes[None, :, :-1].expand(4, -1, -1))
         logp = torch.log_softmax(logits.float(), -1).gather(-1, prefixes[None, :, :, None].expand(4, -1, -1, 1))
-        above = logp[..., 0].sum(-1) >= floor[:, None] - 1e-4  # [B, P_m]
+        above = logp[..., 0].sum(-1) >= floor[:, None] - TOLERANCE  # [B, P_m]
         want.append(int(above.sum(1).max()))
     assert widths == want, (widths, want)
     assert sum(want) < (trie.num_prefixes(1) + trie.num_prefixes(2)) / 3  # vs full ranking's rows
+
+
+def test_top_rank_falls_back_when_fewer_than_cap_items_reach_the_floor():
+    """A floor that fewer than `cap` items reach (as when another batch shape, e.g. under bf16, scores the
+    beam's cap-th item a little lower): an unfound target's rank is unknown, so those users are searched
+    again without a floor; the ranks stay exact."""
+    sids, trie, bb, batch = setup([4, 4, 4], 60, batch=8, seed=8)
+    enc = bb.encode(batch["history"], batch["mask"])
+    full = full_scores(bb, enc, trie)
+    res = beam_search(bb, enc, trie, 5)
+    floor = res.scores[:, 4] + 0.5  # only the top 1-4 items reach it
+    for target in (batch["target_cand"], res.cands[:, 3]):  # the 4th best: often below this floor
+        got = top_rank(bb, enc, trie, target, floor, 5)
+        assert got.tolist() == capped_brute_rank(full, target, 5)
+    assert (got == 4).any()
 
 
 @pytest.mark.parametrize("beam", [5, 20])

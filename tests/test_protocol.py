@@ -219,7 +219,8 @@ def test_apao_office_is_the_release_data_and_either_colliding_item_is_a_hit(tmp_
     batch = {"history": torch.cat([history, torch.ones(2, 1, dtype=torch.long)], 1),
              "mask": torch.ones(2, history.shape[1] + 1, dtype=torch.bool), "target": tok[[i, j]],
              "target_cand": torch.from_numpy(sids.item_to_cand[[i, j]]), "index": torch.arange(2)}
-    rows = Evaluator(beam=sids.num_candidates, ks=[10], full_rank=True).per_example(backbone, trie, batch)
+    C = sids.num_candidates  # beam and cap C: the full ranking uncapped
+    rows = Evaluator(beam=C, ks=[C], full_rank=True).per_example(backbone, trie, batch)
     assert rows["rank"][0] == rows["rank"][1] >= 1  # one candidate: returned once, a hit for either item
     assert rows["rank"][0] == rows["full_rank"][0]
 

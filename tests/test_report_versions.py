@@ -69,3 +69,4 @@ def test_without_its_command_line_an_older_run_stays_apart(tmp_path):
     (tmp_path / "legacy" / "overrides.yaml").unlink()
     runs = load_runs([tmp_path / "legacy", todays_run(tmp_path / "s43", "seed=43")])
     assert runs[0].key != runs[1].key  # nothing says which defaults it ran with: not merged on a guess
+    assert runs[0].cfg["optim"]["cooldown"] == 1.0  # a key added since is known without it (genrec.runs.ADDED)

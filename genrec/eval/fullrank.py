@@ -65,7 +65,7 @@ def rank_of(scores: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return ahead.sum(1) + 1
 
 
-TOLERANCE = 1e-4  # floor slack: the same score summed in another batch shape may differ in its last bits
+TOLERANCE = 0.05  # floor slack: the same prefix scored in another batch shape (bf16 hidden states) may differ
 
 
 @torch.no_grad()
@@ -73,10 +73,27 @@ def top_rank(backbone: Backbone, enc: Any, trie: Trie, target: torch.Tensor, flo
              chunk: int = 4096, score: str = "full", temperature: float = 1.0) -> torch.Tensor:
     """1-based rank [B] of candidate `target` [B] under exact full ranking (as `rank_of(full_scores(...))`)
     where it is <= `cap`, else cap + 1. `floor` [B]: a score at least `cap` candidates reach (-inf: none
-    known, every prefix is expanded)."""
-    masked = score == "masked"
-    B = target.shape[0]
+    known, every prefix is expanded). Checked: a user whose target was not found and for whom fewer than
+    `cap` candidates reached floor - TOLERANCE in this search is searched again without a floor."""
     floor = floor - TOLERANCE
+    ids, scores = _above(backbone, enc, trie, floor, chunk, score, temperature)
+    hit = ids == target[:, None]
+    unsure = ~hit.any(1) & ((ids >= 0).sum(1) < cap)
+    if unsure.any():
+        ids, scores = _above(backbone, enc, trie, floor.masked_fill(unsure, float("-inf")), chunk, score, temperature)
+        hit = ids == target[:, None]
+    s_t = scores.masked_fill(~hit, float("-inf")).amax(1, keepdim=True)  # the target's score, if found
+    ahead = (scores > s_t) | ((scores == s_t) & (ids >= 0) & (ids < target[:, None]))
+    rank = (ahead.sum(1) + 1).clamp(max=cap + 1)
+    return torch.where(hit.any(1), rank, cap + 1)  # not found: below the floor, so below >= cap items
+
+
+def _above(backbone: Backbone, enc: Any, trie: Trie, floor: torch.Tensor, chunk: int, score: str,
+           temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every candidate scoring >= floor [B], per user: ids [B, N] (-1 pads) and their scores [B, N]
+    (-inf pads), by a depth-first expansion of only the prefixes scoring >= floor."""
+    masked = score == "masked"
+    B = floor.shape[0]
     block = max(1, chunk // B)
     found_ids, found_scores = [], []
 
@@ -106,12 +123,8 @@ def top_rank(backbone: Backbone, enc: Any, trie: Trie, target: torch.Tensor, flo
             expand(st, lg, m + 1, pid[:, sl], s[:, sl])
 
     logits, state = backbone.step(backbone.start(enc), None, None)
-    zeros = torch.zeros(B, 1, dtype=torch.long, device=target.device)
+    zeros = torch.zeros(B, 1, dtype=torch.long, device=floor.device)
     expand(state, logits, 0, zeros, zeros.float())
-    ids = torch.cat(found_ids, 1) if found_ids else zeros - 1
-    scores = torch.cat(found_scores, 1) if found_scores else zeros.float() - float("inf")
-    hit = ids == target[:, None]
-    s_t = scores.masked_fill(~hit, float("-inf")).amax(1, keepdim=True)  # the target's score, if found
-    ahead = (scores > s_t) | ((scores == s_t) & (ids >= 0) & (ids < target[:, None]))
-    rank = (ahead.sum(1) + 1).clamp(max=cap + 1)
-    return torch.where(hit.any(1), rank, cap + 1)  # not found: it scores below floor, below >= cap items
+    if not found_ids:
+        return zeros - 1, zeros.float() - float("inf")
+    return torch.cat(found_ids, 1), torch.cat(found_scores, 1)

@@ -198,17 +198,24 @@ def composed(overrides: tuple[str, ...]) -> dict | None:
 
 def with_current_defaults(cfg: dict, overrides: list[str]) -> dict:
     """A config written by an older genrec, completed with the keys added since at the values the same command
-    line composes today (a new key's default keeps the old behaviour; keys in `ADDED` take the value listed
-    there), so that its runs and today's runs of one experiment are one variant; keys the run has keep its values."""
+    line composes today (a new key's default keeps the old behaviour; `with_added` first sets the keys whose
+    preset values do not), so that its runs and today's runs of one experiment are one variant; keys the run
+    has keep its values."""
     base = composed(tuple(overrides))
     if base is None:
         return cfg
-    base = OmegaConf.create({k: v for k, v in base.items() if k not in BOOKKEEPING})
-    run = OmegaConf.create(cfg)
-    for key, old in ADDED.items():  # not what today's preset sets: what genrec did before the key existed
-        if OmegaConf.select(run, key) is None:
-            OmegaConf.update(base, key, old, force_add=True)
-    return OmegaConf.to_container(OmegaConf.merge(base, run), resolve=False)
+    base = {k: v for k, v in base.items() if k not in BOOKKEEPING}
+    return OmegaConf.to_container(OmegaConf.merge(OmegaConf.create(base), OmegaConf.create(cfg)), resolve=False)
+
+
+def with_added(cfg: dict) -> dict:
+    """The keys of `genrec.runs.ADDED` a config lacks, at the value that reproduces what genrec did before
+    them (not what today's presets set)."""
+    out = OmegaConf.create(cfg)
+    for key, old in ADDED.items():
+        if OmegaConf.select(out, key) is None:
+            OmegaConf.update(out, key, old, force_add=True)
+    return OmegaConf.to_container(out, resolve=False)
 
 
 def load_run(path: Path, stale_minutes: float = 30.0) -> Run | None:
@@ -218,6 +225,7 @@ def load_run(path: Path, stale_minutes: float = 30.0) -> Run | None:
         return None  # some other config.yaml
     for k in BOOKKEEPING:  # .hydra/config.yaml: interpolations only a Hydra app resolves
         raw.pop(k, None)
+    raw = with_added(raw)
     if (overrides := overrides_of(path)) is not None:
         raw = with_current_defaults(raw, overrides)
     cfg = OmegaConf.create(raw)
