@@ -33,7 +33,9 @@ def todays_run(path: Path, *extra: str) -> Path:
 
 
 # office_cpu as it was at 9f5772e, on today's command line: the preset has changed since
-OFFICE_CPU_V1 = ("trainer.val_users=1000", "trainer.check_val_every_n_epoch=2", "optim.cooldown=1.0")
+OFFICE_CPU_V1 = ("trainer.val_users=1000", "trainer.check_val_every_n_epoch=2", "trainer.accumulate=1",
+                 "trainer.gradient_clip=1.0", "trainer.max_epochs=28", "optim.lr=1e-3", "optim.warmup=0.02",
+                 "optim.cooldown=1.0")
 
 
 def test_an_older_versions_run_joins_todays_runs_of_its_experiment(tmp_path):
@@ -59,7 +61,7 @@ def test_a_key_added_since_with_a_preset_value_keeps_the_old_behaviour(tmp_path)
     """optim.cooldown came after the legacy run, and today's office_cpu sets it to 0.2; the legacy run ran a
     plain cosine (1.0). Filling the key from today's preset would merge it into a schedule it never ran."""
     shutil.copytree(LEGACY, tmp_path / "legacy")
-    legacy, today = load_runs([tmp_path / "legacy", todays_run(tmp_path / "s43", "seed=43", *OFFICE_CPU_V1[:2])])
+    legacy, today = load_runs([tmp_path / "legacy", todays_run(tmp_path / "s43", "seed=43", *OFFICE_CPU_V1[:-1])])
     assert legacy.cfg["optim"]["cooldown"] == 1.0 and today.cfg["optim"]["cooldown"] == 0.2
     assert legacy.key != today.key
 
