@@ -16,7 +16,8 @@
 #         ~4 min per row on 2 CPU threads); the page then shows no PR@k for the row
 # A finished row is re-evaluated with exact full ranking (PR@k); its metrics.json, config.yaml, overrides.yaml
 # (the command line: the page's rerun command) and eval/*.json are copied to docs/results/runs/<recipe>/<row>/
-# (commit them; never checkpoints), then the page is rebuilt from docs/results/runs.
+# (commit them; never checkpoints), then the page is rebuilt from docs/results/runs, and the README's copy of its
+# table (between the <!-- office-table --> markers).
 # DATA: the release's Office files (default ../shared/data/apao-office).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -107,5 +108,14 @@ for r in "${rows[@]}"; do grep -h "^$r: \(done\|stopped\|waits\)" "$RUNS/$r.log"
 if compgen -G "docs/results/runs/*/*/metrics.json" > /dev/null; then
   $PY -m genrec.report 'runs=[docs/results/runs]' out=docs/results/office page=docs/results/office.md \
       page_intro=docs/results/office_intro.md paper=docs/results/paper_apao.yaml
+  # the README's copy of the table, between its <!-- office-table --> markers
+  python3 - <<'EOF_README'
+import pathlib, re
+readme, table = pathlib.Path("README.md"), pathlib.Path("docs/results/office/table.md")
+if readme.exists() and table.exists():
+    rows = table.read_text().strip()
+    readme.write_text(re.sub(r"(<!-- office-table -->\n).*?(\n<!-- /office-table -->)",
+                             lambda m: m.group(1) + rows + m.group(2), readme.read_text(), flags=re.S))
+EOF_README
 fi
 (( failed == 0 )) || { echo "error: $failed row(s) failed: see their logs in $RUNS" >&2; exit 1; }

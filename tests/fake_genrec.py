@@ -1,5 +1,5 @@
 """Stands in for `python -m genrec.{train,evaluate,report}` in tests of scripts/results_office.sh: writes what
-each would write (run dir files, a full-rank eval, nothing for the report) and logs the call to $FAKE_CALLS.
+each would write (run dir files, a full-rank eval, the report's table.md) and logs the call to $FAKE_CALLS.
 $FAKE_SLOW: seconds a training call sleeps first; $FAKE_FAIL: a run dir name whose training fails."""
 
 import json
@@ -25,3 +25,6 @@ elif module == "genrec.evaluate":
     run = Path(kv["ckpt"])
     (run / "eval").mkdir(exist_ok=True)
     (run / "eval" / "test-beam20-full.json").write_text(json.dumps({"test/pruning_rate@5": 0.3}))
+elif module == "genrec.report":
+    (Path(kv["out"]) / "table.md").parent.mkdir(parents=True, exist_ok=True)
+    (Path(kv["out"]) / "table.md").write_text(f"| rows | {len(list(Path('docs/results/runs').glob('*/*')))} |\n")

@@ -59,3 +59,13 @@ def test_a_failed_row_fails_the_call_after_the_others_finish(tmp_path):
     assert "experiment=apao_release" in next(c for c in calls if c[0] == "genrec.train")
     out, _ = script(tmp_path, "nope")
     assert out.returncode == 2 and "unknown row nope" in out.stderr
+
+
+def test_the_readme_copy_of_the_table_is_replaced_between_its_markers(tmp_path):
+    readme = "# x\nabove\n<!-- office-table -->\nold table\n<!-- /office-table -->\nbelow\n"
+    (tmp_path / "README.md").write_text(readme)
+    out, _ = script(tmp_path, "tiger-ce-s42", FULL_RANK="0")
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "README.md").read_text() == readme.replace("old table", "| rows | 1 |")
+    out, _ = script(tmp_path, "tiger-msl-s42", FULL_RANK="0")
+    assert (tmp_path / "README.md").read_text() == readme.replace("old table", "| rows | 2 |")
