@@ -16,6 +16,17 @@ MOVED = {"genrec.data.sid.": "genrec.sid.tokenizers."}
 # Keys added since runs were first written, at the value that reproduces what genrec did before them (a
 # preset may set another value today: a run that predates the key never ran it).
 ADDED = {"optim.cooldown": 1.0}
+# Keys that say where, on what and under which name a run executes, or how it saves memory, not what it computes
+# (the same losses and metrics: tests/test_pinned_metrics.py): a resumed run may change them.
+EXECUTION = ("run_dir", "resume", "data_dir", "tags", "logger", "hydra",
+             "trainer.accelerator", "trainer.devices", "trainer.num_nodes", "trainer.strategy", "trainer.num_workers",
+             "trainer.progress_bar", "trainer.eval_batch_size", "embedder.device", "eval.full_rank", "eval.chunk",
+             "dataset.root", "dataset.reader.root", "tokenizer.path",
+             # the same hardware keys as the Trainer receives them (trainer.lightning: interpolations of the above)
+             "trainer.lightning.accelerator", "trainer.lightning.devices", "trainer.lightning.num_nodes",
+             "trainer.lightning.strategy", "trainer.lightning.enable_progress_bar",
+             "backbone.memory", "backbone.memory_users", "backbone.memory_under_autocast", "backbone.lean_users",
+             "backbone.lean_under_autocast", "trainer.keep_freed_memory", "trainer.pin_memory")
 
 
 def write_text(path: Path, text: str) -> None:
@@ -38,6 +49,35 @@ def moved_targets(cfg: dict | list) -> dict | list:
     if isinstance(t, str):
         out["_target_"] = next((new + t[len(old):] for old, new in MOVED.items() if t.startswith(old)), t)
     return out
+
+
+def with_added(cfg: dict) -> dict:
+    """The keys of `ADDED` a config (a container) lacks, at the value that reproduces what genrec did before
+    them (not what today's presets set)."""
+    out = OmegaConf.create(cfg)
+    for key, old in ADDED.items():
+        if OmegaConf.select(out, key) is None:
+            OmegaConf.update(out, key, old, force_add=True)
+    return OmegaConf.to_container(out, resolve=False)
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+
+
+def config_changes(saved: Path, cfg: DictConfig) -> list[str]:
+    """'key: saved -> now' for every key both the run dir's `saved` config.yaml and `cfg` hold with different
+    values, outside EXECUTION (keys added or dropped since the run was written are not compared; paths inside
+    the run dir compare relative to it)."""
+    old = _flat(with_added(moved_targets(OmegaConf.to_container(OmegaConf.load(saved)))))
+    now = _flat(OmegaConf.to_container(cfg, resolve=True))
+    here, there = str(now.get("run_dir")), str(old.get("run_dir"))  # paths inside the run dir, however it was named
+    old = {k: v.replace(there, here) if isinstance(v, str) and there != "None" else v for k, v in old.items()}
+    free = lambda k: any(k == e or k.startswith(e + ".") for e in EXECUTION)  # noqa: E731
+    return [f"{k}: {old[k]!r} -> {now[k]!r}" for k in sorted(old.keys() & now.keys()) if old[k] != now[k] and not free(k)]
 
 
 def run_config(path: Path) -> DictConfig:

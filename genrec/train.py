@@ -37,7 +37,7 @@ from genrec.lit import GenRec, NonFiniteLoss
 from genrec.loggers import close_wandb, forget_wandb_run, log_final
 from genrec.malloc import keep_freed_memory
 from genrec.prepare import prepare
-from genrec.runs import checkpoint_path, write_json, write_text
+from genrec.runs import checkpoint_path, config_changes, write_json, write_text
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
 VOLATILE = ("resume", "run_dir")  # config keys that may differ between a run and its resumption
@@ -123,6 +123,25 @@ def stage1_config(cfg: DictConfig) -> DictConfig:
     return first
 
 
+class ResumeMismatch(DataError):
+    """The run dir holds a run of another config: nothing in it is touched (not even failed.json)."""
+
+
+def check_resumable(cfg: DictConfig, run_dir: Path) -> None:
+    """A run continues only with the config it ran (`genrec.runs.config_changes`): one line naming what differs,
+    before any compute, else the checkpoint would go on under another recipe and its record would say the new one."""
+    if not (run_dir / "config.yaml").exists():
+        return
+    now = cfg.copy()
+    if cfg.get("stage1"):  # stage 2 of a pipeline starts from stage 1's run, set once stage 1 is trained
+        with open_dict(now):
+            now.init_from = str(run_dir / "stage1")
+    if changes := config_changes(run_dir / "config.yaml", now):
+        raise ResumeMismatch(f"resume: {run_dir} ran another config ({len(changes)} differ: {'; '.join(changes[:4])}"
+                        f"{' ...' if len(changes) > 4 else ''}); resume it with its own overrides "
+                        f"({run_dir / '.hydra' / 'overrides.yaml'}) or start a new run dir")
+
+
 def run(cfg: DictConfig) -> dict:
     """Train and test `cfg`; with `stage1` (an objective name, e.g. objective=sdpo_2stage) a pipeline:
     stage 1 trains that objective into <run dir>/stage1 (skipped once its metrics.json exists),
@@ -133,6 +152,7 @@ def run(cfg: DictConfig) -> dict:
     if resume_dir is not None:
         with open_dict(cfg):
             cfg.run_dir = str(resume_dir)
+        check_resumable(cfg, resume_dir)
     if cfg.get("init_from"):  # before any compute
         try:
             checkpoint_path(cfg.init_from)
@@ -271,8 +291,9 @@ def main(cfg: DictConfig) -> float | None:
     except BaseException as e:
         # Recorded in the run dir (the report shows the cell as failed); in a sweep the
         # exception goes to Hydra, which runs the remaining jobs before it reports failures.
-        Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
-        write_json(Path(cfg.run_dir) / "failed.json", {"error": f"{type(e).__name__}: {e}"})
+        if not isinstance(e, ResumeMismatch):
+            Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
+            write_json(Path(cfg.run_dir) / "failed.json", {"error": f"{type(e).__name__}: {e}"})
         close_wandb(exit_code=1)  # else the next sweep job in this process would log into this run
         if isinstance(e, (DataError, NonFiniteLoss)) and not sweep:
             print(f"error: {e}", file=sys.stderr)

@@ -102,3 +102,24 @@ def test_wall_time_counts_the_processes_before_a_resume(tmp_path, legacy):
     assert m["train_seconds"] is None if legacy else 2 * 3600 < m["train_seconds"] < 2 * 3600 + 600
     assert [h["seconds"] > 3 * 3600 for h in m["history"]] == [False, True, True]  # epoch 0 ran before the kill
     assert m["peak_rss_gb"] > 0.1 and m["processes"] == 1
+
+
+def test_resume_with_another_config_is_one_clear_error_and_touches_nothing(tmp_path):
+    """A run dir continues only under the config it ran: another lr or seed would go on from its checkpoint
+    under another recipe, and its config.yaml would claim the new one. Where and how it runs may change."""
+    run_dir, data = tmp_path / "run", tmp_path / "data"
+    out = train(run_dir, data)
+    assert out.returncode == 0, out.stderr[-3000:]
+    # genrec's files; Hydra itself rewrites .hydra/*.yaml and appends to train.log before any genrec code runs
+    files = sorted(p for p in run_dir.rglob("*") if p.is_file() and ".hydra" not in p.parts and p.name != "train.log")
+    before = {p: p.read_bytes() for p in files}
+    out = train(run_dir, data, "resume=true", "optim.lr=0.002", "seed=7")
+    errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
+    assert out.returncode == 2 and len(errors) == 1, out.stderr[-3000:]
+    assert "optim.lr: 0.003 -> 0.002" in errors[0] and "seed: 42 -> 7" in errors[0]
+    assert "Traceback" not in out.stderr
+    assert sorted(p for p in run_dir.rglob("*") if p.is_file() and ".hydra" not in p.parts and p.name != "train.log") == files
+    assert all(p.read_bytes() == b for p, b in before.items())
+    out = train(run_dir, data, "resume=true", "trainer.eval_batch_size=7",
+                "trainer.progress_bar=true")
+    assert out.returncode == 0, out.stderr[-3000:]

@@ -18,19 +18,10 @@ import pandas as pd
 import yaml
 from omegaconf import OmegaConf
 
-from genrec.runs import ADDED, moved_targets
+from genrec.runs import EXECUTION, moved_targets, with_added
 
-# Config keys that do not define the experiment (seeds are averaged, the rest is bookkeeping/hardware).
-IGNORED = ("seed", "run_dir", "resume", "data_dir", "tags", "logger", "hydra", "init_from",
-           "trainer.accelerator", "trainer.devices", "trainer.num_nodes", "trainer.strategy", "trainer.num_workers",
-           "trainer.progress_bar", "trainer.eval_batch_size", "embedder.device", "eval.full_rank", "eval.chunk",
-           "dataset.root", "dataset.reader.root", "tokenizer.path",
-           # the same hardware keys as the Trainer receives them (trainer.lightning: interpolations of the above)
-           "trainer.lightning.accelerator", "trainer.lightning.devices", "trainer.lightning.num_nodes",
-           "trainer.lightning.strategy", "trainer.lightning.enable_progress_bar",
-           # how memory is saved, not what is computed (the same losses and metrics: tests/test_pinned_metrics.py)
-           "backbone.memory", "backbone.memory_users", "backbone.memory_under_autocast", "backbone.lean_users",
-           "backbone.lean_under_autocast", "trainer.keep_freed_memory", "trainer.pin_memory")
+# Config keys that do not define the experiment (seeds are averaged; the rest: where and how a run executes).
+IGNORED = ("seed", "init_from", *EXECUTION)
 BOOKKEEPING = ("run_dir", "logger", "hydra")  # where this run wrote, not what it ran (and ${hydra:...} interpolations)
 CONF = Path(__file__).resolve().parents[2] / "conf"
 SKIP_DIRS = {".hydra", "checkpoints", "logs", "eval", "wandb", ".git", ".venv", "__pycache__", "data"}
@@ -206,16 +197,6 @@ def with_current_defaults(cfg: dict, overrides: list[str]) -> dict:
         return cfg
     base = {k: v for k, v in base.items() if k not in BOOKKEEPING}
     return OmegaConf.to_container(OmegaConf.merge(OmegaConf.create(base), OmegaConf.create(cfg)), resolve=False)
-
-
-def with_added(cfg: dict) -> dict:
-    """The keys of `genrec.runs.ADDED` a config lacks, at the value that reproduces what genrec did before
-    them (not what today's presets set)."""
-    out = OmegaConf.create(cfg)
-    for key, old in ADDED.items():
-        if OmegaConf.select(out, key) is None:
-            OmegaConf.update(out, key, old, force_add=True)
-    return OmegaConf.to_container(out, resolve=False)
 
 
 def load_run(path: Path, stale_minutes: float = 30.0) -> Run | None:
