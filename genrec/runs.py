@@ -61,23 +61,32 @@ def with_added(cfg: dict) -> dict:
     return OmegaConf.to_container(out, resolve=False)
 
 
-def _flat(d: dict, prefix: str = "") -> dict:
+def flatten(d: dict, prefix: str = "") -> dict:
+    """A nested config (a container) as {"dotted.key": value}; lists as tuples (hashable), {} as a value."""
     out = {}
     for k, v in d.items():
-        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+        if isinstance(v, dict) and v:
+            out.update(flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = tuple(v) if isinstance(v, list) else v
     return out
+
+
+def listed(key: str, keys: tuple[str, ...]) -> bool:
+    """Whether dotted `key` is one of `keys` or lies under one of them."""
+    return any(key == k or key.startswith(k + ".") for k in keys)
 
 
 def config_changes(saved: Path, cfg: DictConfig) -> list[str]:
     """'key: saved -> now' for every key both the run dir's `saved` config.yaml and `cfg` hold with different
     values, outside EXECUTION (keys added or dropped since the run was written are not compared; paths inside
     the run dir compare relative to it)."""
-    old = _flat(with_added(moved_targets(OmegaConf.to_container(OmegaConf.load(saved)))))
-    now = _flat(OmegaConf.to_container(cfg, resolve=True))
+    old = flatten(with_added(moved_targets(OmegaConf.to_container(OmegaConf.load(saved)))))
+    now = flatten(OmegaConf.to_container(cfg, resolve=True))
     here, there = str(now.get("run_dir")), str(old.get("run_dir"))  # paths inside the run dir, however it was named
     old = {k: v.replace(there, here) if isinstance(v, str) and there != "None" else v for k, v in old.items()}
-    free = lambda k: any(k == e or k.startswith(e + ".") for e in EXECUTION)  # noqa: E731
-    return [f"{k}: {old[k]!r} -> {now[k]!r}" for k in sorted(old.keys() & now.keys()) if old[k] != now[k] and not free(k)]
+    return [f"{k}: {old[k]!r} -> {now[k]!r}" for k in sorted(old.keys() & now.keys())
+            if old[k] != now[k] and not listed(k, EXECUTION)]
 
 
 def run_config(path: Path) -> DictConfig:

@@ -18,7 +18,7 @@ import pandas as pd
 import yaml
 from omegaconf import OmegaConf
 
-from genrec.runs import EXECUTION, moved_targets, with_added
+from genrec.runs import EXECUTION, flatten, listed, moved_targets, with_added
 
 # Config keys that do not define the experiment (seeds are averaged; the rest: where and how a run executes).
 IGNORED = ("seed", "init_from", *EXECUTION)
@@ -26,16 +26,6 @@ BOOKKEEPING = ("run_dir", "logger", "hydra")  # where this run wrote, not what i
 CONF = Path(__file__).resolve().parents[2] / "conf"
 SKIP_DIRS = {".hydra", "checkpoints", "logs", "eval", "wandb", ".git", ".venv", "__pycache__", "data"}
 BACKBONE_NAMES = {"tiger": "TIGER", "llama": "Llama"}
-
-
-def flatten(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict) and v:
-            out.update(flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = tuple(v) if isinstance(v, list) else v
-    return out
 
 
 @cache
@@ -93,8 +83,7 @@ class Run:
         if (self.cfg.get("init_from") or self.cfg.get("stage1")) and not getattr(cls, "fine_tunes", False):
             self.order, self.label = self.order + 0.01, self.label + " (two-stage)"  # started from a trained run
         self.seed = self.cfg.get("seed", 0)
-        self.flat = {k: v for k, v in flatten(self.cfg).items()
-                     if not any(k == i or k.startswith(i + ".") for i in IGNORED)}
+        self.flat = {k: v for k, v in flatten(self.cfg).items() if not listed(k, IGNORED)}
         self.key = json.dumps(self.flat, sort_keys=True, default=str)
 
     @property
