@@ -82,7 +82,8 @@ row() {
   [[ ${FULL_RANK:-1} == 0 ]] || $PY -m genrec.evaluate ckpt="$run" eval.full_rank=true  # exact full ranking: PR@k
   mkdir -p "$DOCS/$row"
   cp "$run"/metrics.json "$run"/config.yaml "$DOCS/$row/"
-  cp "$run"/.hydra/overrides.yaml "$DOCS/$row/overrides.yaml"
+  # genrec's record of the first start's command; Hydra's .hydra copy (runs from before it) says the last start's
+  if [[ -f $run/overrides.yaml ]]; then cp "$run"/overrides.yaml "$DOCS/$row/"; else cp "$run"/.hydra/overrides.yaml "$DOCS/$row/"; fi
   if compgen -G "$run/eval/*.json" > /dev/null; then mkdir -p "$DOCS/$row/eval" && cp "$run"/eval/*.json "$DOCS/$row/eval/"; fi
   echo "$row: done ($DOCS/$row)"
 }
