@@ -21,7 +21,7 @@
 # DATA: the release's Office files (default ../shared/data/apao-office).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-DATA=${DATA:-$(cd .. && pwd)/shared/data/apao-office}
+DATA=${DATA:-../shared/data/apao-office}  # relative to the repo root: the page's rerun lines hold in any checkout
 PY=${PY:-.venv/bin/python}
 RECIPE=${RECIPE:-office_cpu}
 JOBS=${JOBS:-1}
