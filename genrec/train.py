@@ -137,9 +137,22 @@ def check_resumable(cfg: DictConfig, run_dir: Path) -> None:
         with open_dict(now):
             now.init_from = str(run_dir / "stage1")
     if changes := config_changes(run_dir / "config.yaml", now):
+        ran = run_dir / "overrides.yaml"  # runs from before it was written: config.yaml says what they ran
+        command = ran if ran.exists() else run_dir / "config.yaml"
         raise ResumeMismatch(f"resume: {run_dir} ran another config ({len(changes)} differ: {'; '.join(changes[:4])}"
                         f"{' ...' if len(changes) > 4 else ''}); resume it with its own overrides "
-                        f"({run_dir / '.hydra' / 'overrides.yaml'}) or start a new run dir")
+                        f"({command}) or start a new run dir")
+
+
+def record_command(run_dir: Path, fresh: bool) -> None:
+    """<run dir>/overrides.yaml: the command-line overrides of the run's first start, which rerun it (the report's
+    rerun lines, results_office.sh). Hydra rewrites .hydra/overrides.yaml on every start, a refused one included."""
+    from hydra.core.hydra_config import HydraConfig
+
+    path = run_dir / "overrides.yaml"
+    if rank_zero_only.rank == 0 and HydraConfig.initialized() and (fresh or not path.exists()):
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_text(path, OmegaConf.to_yaml(OmegaConf.create(list(HydraConfig.get().overrides.task))))
 
 
 def run(cfg: DictConfig) -> dict:
@@ -153,6 +166,7 @@ def run(cfg: DictConfig) -> dict:
         with open_dict(cfg):
             cfg.run_dir = str(resume_dir)
         check_resumable(cfg, resume_dir)
+    record_command(Path(cfg.run_dir), fresh=resume_dir is None)
     if cfg.get("init_from"):  # before any compute
         try:
             checkpoint_path(cfg.init_from)

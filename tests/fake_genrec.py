@@ -18,7 +18,10 @@ if module == "genrec.train":
     if run.name == os.environ.get("FAKE_FAIL"):
         sys.exit(1)
     (run / ".hydra").mkdir(parents=True, exist_ok=True)
-    (run / ".hydra" / "overrides.yaml").write_text("".join(f"- {a}\n" for a in args))
+    command = "".join(f"- {a}\n" for a in args)
+    (run / ".hydra" / "overrides.yaml").write_text(command)  # Hydra: every start
+    if not (run / "overrides.yaml").exists():  # genrec: the first start
+        (run / "overrides.yaml").write_text(command)
     (run / "config.yaml").write_text("seed: 1\n")
     (run / "metrics.json").write_text(json.dumps({"test/recall@10": 0.05}))
 elif module == "genrec.evaluate":

@@ -44,6 +44,17 @@ def test_a_row_that_starts_from_another_trains_after_it_and_done_rows_are_skippe
     assert out.returncode == 0 and trained(calls) == [] and out.stdout.count("skip ") == 3
 
 
+def test_a_row_keeps_the_command_of_its_first_start(tmp_path):
+    """A resumed row's docs copy reruns what it ran: genrec's overrides.yaml, not Hydra's of the last start."""
+    run = tmp_path / "outputs" / "results_office" / "office_cpu" / "tiger-ce-s42"
+    run.mkdir(parents=True)
+    (run / "overrides.yaml").write_text("- experiment=office_cpu\n- seed=42\n")
+    out, calls = script(tmp_path, "tiger-ce-s42", FULL_RANK="0")
+    assert out.returncode == 0 and trained(calls) == ["tiger-ce-s42"], out.stderr
+    docs = tmp_path / "docs" / "results" / "runs" / "office_cpu" / "tiger-ce-s42" / "overrides.yaml"
+    assert docs.read_text() == "- experiment=office_cpu\n- seed=42\n" != (run / ".hydra" / "overrides.yaml").read_text()
+
+
 def test_limit_stops_a_row_for_the_next_call_and_its_dependants_wait(tmp_path):
     out, calls = script(tmp_path, "tiger-ce-s42", "tiger-sdpo-s42", LIMIT="1", FAKE_SLOW="5", FULL_RANK="0")
     assert out.returncode == 0, out.stderr

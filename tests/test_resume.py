@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from run_helpers import reproducible
 
 ROOT = Path(__file__).parents[1]
@@ -110,6 +111,8 @@ def test_resume_with_another_config_is_one_clear_error_and_touches_nothing(tmp_p
     run_dir, data = tmp_path / "run", tmp_path / "data"
     out = train(run_dir, data)
     assert out.returncode == 0, out.stderr[-3000:]
+    first = yaml.safe_load((run_dir / "overrides.yaml").read_text())  # the command line of the run's first start
+    assert first == [*TINY, f"data_dir={data}"]
     # genrec's files; Hydra itself rewrites .hydra/*.yaml and appends to train.log before any genrec code runs
     files = sorted(p for p in run_dir.rglob("*") if p.is_file() and ".hydra" not in p.parts and p.name != "train.log")
     before = {p: p.read_bytes() for p in files}
@@ -123,3 +126,4 @@ def test_resume_with_another_config_is_one_clear_error_and_touches_nothing(tmp_p
     out = train(run_dir, data, "resume=true", "trainer.eval_batch_size=7",
                 "trainer.progress_bar=true")
     assert out.returncode == 0, out.stderr[-3000:]
+    assert yaml.safe_load((run_dir / "overrides.yaml").read_text()) == first  # what reruns the run: never rewritten
