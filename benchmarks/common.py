@@ -63,9 +63,10 @@ def epoch_batches(dm: SeqDataModule, n: int, bucketed: bool = True) -> list[dict
 
 class TrainStep:
     """forward (objective) + backward + gradient clipping + AdamW + scheduler, as `genrec.train`
-    runs them (without Lightning's loop and logging)."""
+    runs them (without Lightning's loop and logging); `bf16`: the forward under CPU bf16 autocast, as
+    `trainer.precision=bf16-mixed` runs it (backward, clipping and AdamW outside, on float32 weights)."""
 
-    def __init__(self, cfg: DictConfig, data: Prepared, dm: SeqDataModule, seed: int = 0) -> None:
+    def __init__(self, cfg: DictConfig, data: Prepared, dm: SeqDataModule, seed: int = 0, bf16: bool = False) -> None:
         if cfg.trainer.keep_freed_memory:  # as genrec.train
             keep_freed_memory()
         torch.manual_seed(seed)
@@ -73,11 +74,12 @@ class TrainStep:
         self.module = GenRec(cfg, data.sids, dm.item_counts(), steps).train()
         opt = self.module.configure_optimizers()
         self.opt, self.sched = opt["optimizer"], opt["lr_scheduler"]["scheduler"]
-        self.clip = cfg.trainer.gradient_clip
+        self.clip, self.bf16 = cfg.trainer.gradient_clip, bf16
 
     def step(self, batch: dict) -> float:
         m = self.module
-        loss, _ = m.objective(batch, m.backbone)
+        with torch.autocast("cpu", torch.bfloat16, enabled=self.bf16):
+            loss, _ = m.objective(batch, m.backbone)
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         if self.clip:

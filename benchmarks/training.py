@@ -5,11 +5,13 @@ Office training batches: epoch 0 of the seeded length-bucketed train loader, `--
 picked at evenly spaced quantiles of their width (so the sample costs what the epoch costs per
 example), after a warm-up step. Also the padding efficiency (real history tokens / padded history
 tokens over a whole epoch) of our length-bucketed batches vs random batches, and the throughput on
-`--random-batches` random batches. The cores may be shared: the batches are repeated for
+`--random-batches` random batches, and (`--bf16`, default on) the same bucketed batches with the forward
+under CPU bf16 autocast (`trainer.precision=bf16-mixed`, as experiment=office_cpu trains), timed in the same
+run, as a ratio to float32. The cores may be shared: the batches are repeated for
 `--min-seconds` and each batch's fastest pass counts; samples per CPU second (process time) is
 the number contention distorts least. The last line printed is one JSON object.
 
-  python benchmarks/training.py [--batches 6] [--batch-size 256] [--backbones tiger llama] [--threads 1]
+  python benchmarks/training.py [--batches 6] [--batch-size 256] [--backbones tiger llama] [--threads 1] [--no-bf16]
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--backbones", nargs="+", default=["tiger", "llama"], choices=["tiger", "llama"])
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1: per-core numbers)")
+    p.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=True,
+                   help="also time the bucketed batches under bf16 autocast (ratio to float32)")
     p.add_argument("--min-seconds", type=float, default=30.0, help="repeat each batch set this long; best pass counts")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
@@ -49,6 +53,10 @@ def main() -> None:
         best[b] = {"bucketed": best_times(train.step, bucketed, args.min_seconds),
                    "random": best_times(train.step, random, args.min_seconds / 2) if random else None,
                    "params_m": round(sum(w.numel() for w in train.module.backbone.parameters()) / 1e6, 2)}
+        if args.bf16:
+            train = TrainStep(*cfgs[b], bf16=True)
+            train.step(max(bucketed, key=lambda x: x["history"].shape[1]))
+            best[b]["bf16"] = best_times(train.step, bucketed, args.min_seconds)
         load.append(load_average())
         print(f"{b}: {json.dumps(best[b])}", flush=True)
     n_bucketed, n_random = (sum(len(x["index"]) for x in xs) for xs in (bucketed, random))
@@ -64,18 +72,24 @@ def main() -> None:
             row["random_samples_per_s"] = round(n_random / t["random"][0], 1)
             row["random_samples_per_cpu_s"] = round(n_random / t["random"][1], 1)
             row["speedup_vs_random_cpu"] = round(row["samples_per_cpu_s"] / row["random_samples_per_cpu_s"], 2)
+        if t.get("bf16"):
+            row["bf16_samples_per_s"] = round(n_bucketed / t["bf16"][0], 1)
+            row["bf16_samples_per_cpu_s"] = round(n_bucketed / t["bf16"][1], 1)
+            row["bf16_speedup_cpu"] = round(row["bf16_samples_per_cpu_s"] / row["samples_per_cpu_s"], 2)
         result[b] = row
     result["config"] = {"data": "Office (APAO release codes, T=4)", "objective": "ce", "batch_size": args.batch_size,
                         "train_examples": len(lengths), "batches": args.batches, "examples": n_bucketed,
-                        "random_batches": args.random_batches, "random_examples": n_random, "threads": args.threads,
+                        "random_batches": args.random_batches, "random_examples": n_random, "threads": args.threads, "bf16": args.bf16,
                         "min_seconds": args.min_seconds, "peak_rss_gb": round(peak_rss_gb(), 2),
                         "load_average_1_5_15": load}
-    print("\n| backbone | params (M) | samples/s | samples / CPU s | epoch (CPU s) | random batches: samples / CPU s |")
-    print("|---|---|---|---|---|---|")
+    print("\n| backbone | params (M) | samples/s | samples / CPU s | epoch (CPU s) | random batches: samples / CPU s "
+          "| bf16: samples / CPU s (× float32) |")
+    print("|---|---|---|---|---|---|---|")
     for b in best:
         r = result[b]
         print(f"| {b} | {r['params_m']} | {r['samples_per_s']} | {r['samples_per_cpu_s']} | {r['epoch_cpu_s']} | "
-              f"{r.get('random_samples_per_cpu_s', '')} |")
+              f"{r.get('random_samples_per_cpu_s', '')} | "
+              + (f"{r['bf16_samples_per_cpu_s']} (×{r['bf16_speedup_cpu']})" if "bf16_speedup_cpu" in r else "") + " |")
     pe = result["padding_efficiency"]
     print(f"\npadding efficiency: length-bucketed {pe['bucketed']:.3f}, random {pe['random']:.3f}\n")
     print(json.dumps(result))
