@@ -2,7 +2,8 @@
 # The runs behind docs/results/office.md (APAO's Office rows, BEAR's pruning effect), one run per row, under one
 # of two recipes, resumable, and skipped once its summary is committed:
 #   scripts/results_office.sh --list                   # rows and whether each is done
-#   scripts/results_office.sh                          # every missing row (RECIPE=office_cpu: ~1 h each on 2 cores)
+#   scripts/results_office.sh                          # every missing row (RECIPE=office_cpu: ~1 h per TIGER row on
+#                                                      # 2 cores; Llama ~2.5x per epoch: benchmarks/training.py)
 #   scripts/results_office.sh tiger-ce-s43             # just these rows
 #   RECIPE=apao_release EXTRA=trainer=gpu JOBS=8 LIMIT=540 scripts/results_office.sh   # a GPU: 8 rows at once,
 #                                                      # each stopped after 540 s and resumed by the next call
