@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 import lightning as L
-from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+from lightning.pytorch.callbacks import Callback, EarlyStopping, ModelCheckpoint
 from lightning.pytorch.plugins import TorchCheckpointIO
 
 
@@ -44,3 +44,13 @@ class ResumableEarlyStopping(EarlyStopping):
     def on_train_start(self, trainer: L.Trainer, module: L.LightningModule) -> None:
         if self.stopped_epoch:  # restored from last.ckpt
             trainer.should_stop = True
+
+
+class ValidateLastEpoch(Callback):
+    """Lightning validates after epoch e when (e + 1) % check_val_every_n_epoch == 0, so a max_epochs that is not a
+    multiple of it would leave the last epochs (a cooldown's lowest learning rate) out of model selection: the
+    last epoch is validated too."""
+
+    def on_train_epoch_start(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+        if trainer.check_val_every_n_epoch and trainer.current_epoch == trainer.max_epochs - 1:
+            trainer.check_val_every_n_epoch = 1

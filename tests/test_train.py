@@ -43,6 +43,14 @@ def test_same_config_and_seed_give_identical_metrics(tmp_path):
     assert reproducible(c) != reproducible(a)
 
 
+def test_the_last_epoch_is_validated_whatever_the_validation_interval(tmp_path):
+    """Lightning validates when (epoch + 1) % check_val_every_n_epoch == 0: 5 epochs validated every 2 would leave
+    the last one (a cooldown's lowest learning rate) out of model selection."""
+    r = run(config(tmp_path, "trainer.max_epochs=5", "trainer.check_val_every_n_epoch=2",
+                   "trainer.limit_train_batches=2"))
+    assert [h["epoch"] for h in r["history"]] == [1, 3, 4]
+
+
 def _train_cmd(run_dir: Path, data_dir: Path, *extra: str) -> list[str]:
     return [sys.executable, "-m", "genrec.train", "experiment=tiny", "trainer.max_epochs=4",
             f"hydra.run.dir={run_dir}", f"data_dir={data_dir}", *extra]
