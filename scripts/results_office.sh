@@ -7,8 +7,8 @@
 #   scripts/results_office.sh tiger-ce-s43             # just these rows
 #   RECIPE=apao_release EXTRA=trainer=gpu JOBS=8 LIMIT=540 scripts/results_office.sh   # a GPU: 8 rows at once,
 #                                                      # each stopped after 540 s and resumed by the next call
-# RECIPE  office_cpu (default): experiment=office_cpu (the hour's budget; selection every 4 epochs on every
-#         validation user: README, time to quality)
+# RECIPE  office_cpu (default): experiment=office_cpu (the hour's budget; selection every 6 epochs and the
+#         last, on every validation user: README, time to quality)
 #         apao_release: the release's own recipe (effective batch 1024, lr 5e-4, cosine over 200 epochs, early
 #         stopping on the validation loss: ~45 epochs, ~4 h per row on 2 CPU cores, minutes on a GPU)
 # EXTRA   overrides added to every row (hardware: trainer=gpu; 2 CPU processes: trainer.strategy=ddp ...)
