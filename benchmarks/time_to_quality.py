@@ -44,7 +44,9 @@ def history(run_dir: Path) -> tuple[list[dict], dict | None]:
 
 
 def curve(hist: list[dict]) -> list[list[float]]:
-    return [[round(h["seconds"] / 60, 2), round(h["recall@10"], 4)] for h in hist if "seconds" in h]
+    """Validation passes with a recall (trainer.validate=loss logs none: experiment=apao_release needs
+    `-- trainer.validate=beam` for a curve)."""
+    return [[round(h["seconds"] / 60, 2), round(h["recall@10"], 4)] for h in hist if "seconds" in h and "recall@10" in h]
 
 
 def minutes_to_target(hist: list[dict]) -> float | None:

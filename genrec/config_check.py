@@ -122,6 +122,7 @@ CHECKS: dict[str, tuple[Check, str]] = {
     "trainer.limit_test_batches": share_or_count(),
     "trainer.log_every_n_steps": POSITIVE,
     "trainer.monitor_mode": one_of("max", "min"),
+    "trainer.validate": one_of("beam", "loss"),
     "trainer.clip_on": one_of("mean", "sum"),
     "optim.lr": POSITIVE_NUMBER,
     "optim.weight_decay": number(ge=0),
@@ -155,6 +156,9 @@ def _monitor_is_logged(cfg: DictConfig) -> str | None:
     if not m:
         return (f"trainer.monitor={monitor}: val/loss, val/objective_loss, val/recall@k, val/ndcg@k, "
                 f"val/prefix_recall@m, or with eval.full_rank=true val/full/recall@k, val/full/ndcg@k, val/pruning_rate@k")
+    if _get(cfg, "trainer.validate") == "loss" and not (m["users"] or monitor in ("val/loss", "val/objective_loss")):
+        return (f"trainer.monitor={monitor}: trainer.validate=loss logs only val/loss, val/objective_loss and "
+                "val/users (monitor one of them, or trainer.validate=beam)")
     k = m["k"] or m["pk"]
     if k and isinstance(ks, list) and int(k) not in ks:
         return f"trainer.monitor={monitor}: a logged validation metric, @k with k in eval.ks ({_show(ks)})"

@@ -63,6 +63,9 @@ BAD = [  # (overrides, the one line after "error: ")
      "val/pruning_rate@k"),
     (["trainer.monitor=val/objective_loss"],
      "trainer.monitor_mode=max: val/objective_loss is minimised (use min)"),
+    (["trainer.validate=loss"], "trainer.monitor=val/ndcg@10: trainer.validate=loss logs only val/loss, "
+     "val/objective_loss and val/users (monitor one of them, or trainer.validate=beam)"),
+    (["trainer.validate=metrics"], "trainer.validate=metrics: one of beam, loss"),
     (["trainer.monitor=val/full/recall@10"],
      "trainer.monitor=val/full/recall@10: logged only with eval.full_rank=true"),
     (["backbone.memory_under_autocast=1"], "backbone.memory_under_autocast=1: true or false, or null"),

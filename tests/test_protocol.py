@@ -50,6 +50,23 @@ def test_selection_on_the_validation_objective_loss_with_mode_min(tmp_path):
     assert ckpt["epoch"] == r["best_epoch"]
 
 
+def test_loss_only_validation_trains_the_same_run_without_the_beam_search(tmp_path):
+    """trainer.validate=loss (the APAO release's per-epoch evaluation: its loss only) selects and stops on
+    the same loss, so the run is the same one, step for step: same epochs, same selected checkpoint, same
+    test metrics (the final test always runs the beam search); only the history lacks the beam's metrics."""
+    common = ("trainer.max_epochs=3", "trainer.monitor=val/objective_loss", "trainer.monitor_mode=min")
+    beam = run(config(tmp_path / "beam", *common))
+    loss = run(config(tmp_path / "loss", *common, "trainer.validate=loss"))
+    assert [h["epoch"] for h in loss["history"]] == [h["epoch"] for h in beam["history"]]
+    for hb, hl in zip(beam["history"], loss["history"]):
+        assert hl["objective_loss"] == hb["objective_loss"] and hl["loss"] == hb["loss"]
+        assert "recall@5" in hb and not any(k.startswith(("recall@", "ndcg@", "prefix_recall@")) for k in hl)
+        assert hl["users"] == hb["users"]
+    assert loss["best_epoch"] == beam["best_epoch"]
+    test = {k: v for k, v in beam.items() if k.startswith("test/")}
+    assert test and {k: loss[k] for k in test} == test
+
+
 def test_objective_loss_with_end_token_averages_over_eos_too(tmp_path):
     r = run(config(tmp_path, "trainer.max_epochs=1", "trainer.monitor=val/objective_loss",
                    "trainer.monitor_mode=min", "objective.end_token=true"))
@@ -170,6 +187,7 @@ def test_apao_table1_applies_table5_per_dataset(dataset, beta, eta):
     assert (cfg.objective.beta, cfg.objective.eta) == (beta, eta)
     assert cfg.objective.end_token is True and cfg.tokenizer.collision == "merge"
     assert (cfg.trainer.monitor, cfg.trainer.monitor_mode, cfg.trainer.clip_on) == ("val/objective_loss", "min", "sum")
+    assert cfg.trainer.validate == "loss"  # the release evaluates its loss alone each epoch
     assert cfg.trainer.batch_size * cfg.trainer.accumulate == 1024
 
 

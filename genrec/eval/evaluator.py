@@ -46,9 +46,7 @@ class Evaluator:
         target_pid = trie.cand_prefix_id[target]  # [B, T + 1]
         kept = res.prefix_ids  # step m: [B, K_m]
         prefix_hit = torch.stack([(p == target_pid[:, m + 1, None]).any(1) for m, p in enumerate(kept)], 1)
-        target_tokens = batch["target"][:, None]  # teacher forced on the same encoding
-        loss = -backbone.prefix_logprobs(enc, target_tokens[..., :-1], target_tokens)[:, 0].mean(-1)
-        rows = {"index": batch["index"], "rank": rank, "prefix_hit": prefix_hit, "loss": loss}
+        rows = {**self.losses(backbone, batch, enc), "rank": rank, "prefix_hit": prefix_hit}
         if self.full_rank:
             cap = max(self.ks)  # metrics only ask whether the exact rank is <= k
             if self.beam >= cap:  # at least `cap` items reach the beam's cap-th score: search above it only
@@ -59,13 +57,22 @@ class Evaluator:
                 rows["full_rank"] = rank_of(scores, target)
         return rows
 
+    @torch.no_grad()
+    def losses(self, backbone: Backbone, batch: dict, enc=None) -> dict[str, torch.Tensor]:
+        """index [B]; loss [B]: the teacher-forced CE of each held-out target (no beam search)."""
+        enc = backbone.encode(batch["history"], batch["mask"]) if enc is None else enc
+        target_tokens = batch["target"][:, None]
+        loss = -backbone.prefix_logprobs(enc, target_tokens[..., :-1], target_tokens)[:, 0].mean(-1)
+        return {"index": batch["index"], "loss": loss}
+
     def summarize(self, rows: dict[str, torch.Tensor]) -> dict[str, float]:
-        rank = rows["rank"]
+        """The metrics of the rows present: beam metrics only where the rows hold ranks (`losses` alone: none)."""
+        rank = rows.get("rank")
         out = {}
-        for k in self.ks:
+        for k in self.ks if rank is not None else ():
             out[f"recall@{k}"] = metrics.recall(rank, k)
             out[f"ndcg@{k}"] = metrics.ndcg(rank, k)
-        for m, r in enumerate(metrics.prefix_recall(rows["prefix_hit"]), 1):
+        for m, r in enumerate(metrics.prefix_recall(rows["prefix_hit"]) if rank is not None else (), 1):
             out[f"prefix_recall@{m}"] = r
         if "full_rank" in rows:
             full = rows["full_rank"]
