@@ -10,7 +10,9 @@
 # RECIPE  office_cpu (default): experiment=office_cpu (the hour's budget; selection every 6 epochs and the
 #         last, on every validation user: README, time to quality)
 #         apao_release: the release's own recipe (effective batch 1024, lr 5e-4, cosine over 200 epochs, early
-#         stopping on the validation loss: ~45 epochs, ~4 h per row on 2 CPU cores, minutes on a GPU)
+#         stopping on the validation loss, validating the loss alone: ~45-80 epochs; minutes on a GPU)
+#         apao_release_cpu: the same recipe executed on 2 CPU cores (2 processes x 64 x 8, bf16, length-grouped
+#         batches: experiment=apao_release_cpu): ~1.5-2 min per epoch (estimated), one run per 3-hour session
 # EXTRA   overrides added to every row (hardware: trainer=gpu; 2 CPU processes: trainer.strategy=ddp ...)
 # JOBS    rows trained at once (default 1); LIMIT: seconds per training call (default none; single-process runs)
 # FULL_RANK=0 skips the exact full-ranking test re-evaluation (PR@k: beam search plus the capped exact search,
@@ -30,7 +32,8 @@ LIMIT=${LIMIT:-0}
 case $RECIPE in
   office_cpu) BASE="experiment=office_cpu" ;;
   apao_release) BASE="experiment=apao_release" ;;
-  *) echo "error: RECIPE=$RECIPE: one of office_cpu, apao_release" >&2; exit 2 ;;
+  apao_release_cpu) BASE="experiment=apao_release_cpu" ;;
+  *) echo "error: RECIPE=$RECIPE: one of office_cpu, apao_release, apao_release_cpu" >&2; exit 2 ;;
 esac
 BASE="$BASE ${EXTRA:-}"
 RUNS=outputs/results_office/$RECIPE

@@ -191,6 +191,19 @@ def test_apao_table1_applies_table5_per_dataset(dataset, beta, eta):
     assert cfg.trainer.batch_size * cfg.trainer.accumulate == 1024
 
 
+def test_apao_release_cpu_changes_only_how_the_release_recipe_executes():
+    """2 processes x 64 x 8: DDP averages the 2 processes' sums of 8 mean gradients over 64 examples, which
+    equals the release's sum of 8 mean gradients over 128 (1 x 128 x 8), the sum its clipping bounds."""
+    from genrec.runs import flatten
+
+    rel = flatten(OmegaConf.to_container(compose_release("experiment=apao_release", "dataset=apao_office")))
+    cpu = flatten(OmegaConf.to_container(compose_release("experiment=apao_release_cpu")))  # trainer.lightning: ${...}
+    assert cpu["trainer.batch_size"] * cpu["trainer.devices"] == rel["trainer.batch_size"]
+    assert cpu["trainer.accumulate"] == rel["trainer.accumulate"] and cpu["trainer.clip_on"] == "sum"
+    execution = {"strategy", "accelerator", "devices", "batch_size", "precision", "length_window"}
+    assert {k for k in rel.keys() | cpu.keys() if rel.get(k) != cpu.get(k)} == {f"trainer.{k}" for k in execution}
+
+
 def test_apao_presets_leave_other_objectives_and_defaults_alone():
     sdpo = compose_release("experiment=apao_table1", "objective=sdpo_2stage", "backbone=llama")
     assert "beta" not in sdpo.objective and "end_token" not in sdpo.objective  # SDPO takes neither
