@@ -126,6 +126,7 @@ CHECKS: dict[str, tuple[Check, str]] = {
     "trainer.clip_on": one_of("mean", "sum"),
     "optim.lr": POSITIVE_NUMBER,
     "optim.weight_decay": number(ge=0),
+    "optim.eps": POSITIVE_NUMBER,
     "optim.warmup": number(ge=0, lt=1),
     "optim.min_lr_ratio": number(ge=0, le=1),
     "optim.cooldown": number(gt=0, le=1),

@@ -139,7 +139,8 @@ class GenRec(EvalModule):
         decay = [p for p in params if p.ndim >= 2]
         no_decay = [p for p in params if p.ndim < 2]
         opt = torch.optim.AdamW([{"params": decay, "weight_decay": o.weight_decay},
-                                 {"params": no_decay, "weight_decay": 0.0}], lr=o.lr, betas=tuple(o.betas))
+                                 {"params": no_decay, "weight_decay": 0.0}], lr=o.lr, betas=tuple(o.betas),
+                                eps=o.eps)
         if self._trainer is not None:
             self.total_steps = int(self.trainer.estimated_stepping_batches)
         else:

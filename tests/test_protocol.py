@@ -138,6 +138,33 @@ def test_clip_on_matches_explicit_accumulation_and_clipping(tmp_path, clip_on):
     assert (got - other).abs().max() > 100 * (got - want).abs().max()  # the two semantics really differ here
 
 
+def test_the_releases_clipped_sum_is_fewer_larger_batches_with_the_mean_clipped_at_c_over_a(tmp_path):
+    """experiment=apao_release_cpu: the release steps on the SUM of A micro-batch mean gradients clipped at c,
+    i.e. A x (the mean gradient clipped at c / A), and AdamW's step on A x g with eps is its step on g with
+    eps / A: one batch of the same A x b examples, its mean gradient clipped at c / A, eps / A, takes the
+    same steps."""
+    A, b, steps = 4, 8, 3
+    cfg = config(tmp_path, "backbone.dropout=0.0", "optim.lr=1e-2")
+    module, dm = _module(cfg)
+    dm.batch_size = b
+    small = [x for _, x in zip(range(steps * A), dm.train_dataloader())]
+    train = dm.splits["train"]  # the same A x b examples as one batch (padded to its longest history)
+    large = [train[torch.cat([x["index"] for x in small[i:i + A]]).tolist()] for i in range(0, len(small), A)]
+    assert large[0]["history"].shape[0] == A * b
+    probe = copy.deepcopy(module)
+    for x in small[:A]:
+        probe.objective(x, probe.backbone)[0].backward()
+    clip = float(torch.cat([p.grad.flatten() for p in probe.parameters() if p.grad is not None]).norm()) / 1.5
+    release = _flat(_reference(module, small, A, clip, divide=False))
+    same_eps = _flat(_reference(module, large, 1, clip / A, divide=True))
+    module.cfg.optim.eps /= A
+    cpu = _flat(_reference(module, large, 1, clip / A, divide=True))
+    unclipped = _flat(_reference(module, large, 1, 1e9, divide=True))
+    torch.testing.assert_close(cpu, release, rtol=1e-5, atol=1e-6)
+    for other in (unclipped, same_eps):  # the clipping binds here, and so does AdamW's eps
+        assert (other - release).abs().max() > 100 * (cpu - release).abs().max()
+
+
 # ---- the learning-rate schedule ----------------------------------------------------------
 def _reference_lr(step: int, total: int, warmup: int, cooldown: float, floor: float) -> float:
     """Linear warm-up over `warmup` steps, then flat at 1, then a cosine from 1 to `floor` over the last
@@ -192,16 +219,20 @@ def test_apao_table1_applies_table5_per_dataset(dataset, beta, eta):
 
 
 def test_apao_release_cpu_changes_only_how_the_release_recipe_executes():
-    """2 processes x 64 x 8: DDP averages the 2 processes' sums of 8 mean gradients over 64 examples, which
-    equals the release's sum of 8 mean gradients over 128 (1 x 128 x 8), the sum its clipping bounds."""
+    """The same 1024 examples per step (2 processes x 256 x 2 against 1 x 128 x 8), their clipped SUM as the
+    mean clipped at 1/8 with AdamW's eps / 8 (the test above); the rest is execution."""
     from genrec.runs import flatten
 
     rel = flatten(OmegaConf.to_container(compose_release("experiment=apao_release", "dataset=apao_office")))
     cpu = flatten(OmegaConf.to_container(compose_release("experiment=apao_release_cpu")))  # trainer.lightning: ${...}
-    assert cpu["trainer.batch_size"] * cpu["trainer.devices"] == rel["trainer.batch_size"]
-    assert cpu["trainer.accumulate"] == rel["trainer.accumulate"] and cpu["trainer.clip_on"] == "sum"
-    execution = {"strategy", "accelerator", "devices", "batch_size", "precision", "length_window"}
-    assert {k for k in rel.keys() | cpu.keys() if rel.get(k) != cpu.get(k)} == {f"trainer.{k}" for k in execution}
+    t = "trainer."
+    step = lambda c: c[t + "batch_size"] * c[t + "devices"] * c[t + "accumulate"]  # noqa: E731
+    assert step(cpu) == step(rel) == 1024 and rel[t + "clip_on"] == "sum" and cpu[t + "clip_on"] == "mean"
+    a = rel[t + "accumulate"] * rel[t + "devices"]  # micro-batch gradients the release sums
+    assert cpu[t + "gradient_clip"] == rel[t + "gradient_clip"] / a and cpu["optim.eps"] == rel["optim.eps"] / a
+    execution = {"strategy", "accelerator", "devices", "batch_size", "accumulate", "precision", "length_window"}
+    assert {k for k in rel.keys() | cpu.keys() if rel.get(k) != cpu.get(k)} == {
+        *(t + k for k in execution), t + "clip_on", t + "gradient_clip", "optim.eps"}
 
 
 def test_apao_presets_leave_other_objectives_and_defaults_alone():
