@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 MOVED = {"genrec.data.sid.": "genrec.sid.tokenizers."}
 # Keys added since runs were first written, at the value that reproduces what genrec did before them (a
 # preset may set another value today: a run that predates the key never ran it).
-ADDED = {"optim.cooldown": 1.0, "optim.eps": 1e-8}
+ADDED = {"optim.cooldown": 1.0, "optim.eps": 1e-8, "trainer.validate": "beam"}
 # Keys that say where, on what and under which name a run executes, or how it saves memory, not what it computes
 # (the same losses and metrics: tests/test_pinned_metrics.py): a resumed run may change them.
 EXECUTION = ("run_dir", "resume", "data_dir", "tags", "logger", "hydra",
@@ -26,7 +26,8 @@ EXECUTION = ("run_dir", "resume", "data_dir", "tags", "logger", "hydra",
              "trainer.lightning.accelerator", "trainer.lightning.devices", "trainer.lightning.num_nodes",
              "trainer.lightning.strategy", "trainer.lightning.enable_progress_bar",
              "backbone.memory", "backbone.memory_users", "backbone.memory_under_autocast", "backbone.lean_users",
-             "backbone.lean_under_autocast", "trainer.keep_freed_memory", "trainer.pin_memory")
+             "backbone.lean_under_autocast", "trainer.keep_freed_memory", "trainer.pin_memory",
+             "trainer.validate")  # what validation logs beside the monitored loss (config_check), not the model
 
 
 def write_text(path: Path, text: str) -> None:

@@ -6,7 +6,7 @@
 # then, in that call: bash scripts/device_session.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
-rm -rf .whl && mkdir -p .whl .devdata
+chmod -R u+w .devdata 2>/dev/null; rm -rf .whl .devdata && mkdir -p .whl .devdata
 py=(--only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux2014_x86_64)
 python3 -m pip download -q --no-deps "${py[@]}" -d .whl hydra-core==1.3.2 omegaconf==2.3.0
 python3 -m pip wheel -q --no-deps -w .whl antlr4-python3-runtime==4.9.3  # sdist only on PyPI: pure Python

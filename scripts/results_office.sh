@@ -15,6 +15,7 @@
 #         experiment=apao_release_cpu): ~1.5 min per epoch (estimated), one run per 3-hour session
 # EXTRA   overrides added to every row (hardware: trainer=gpu; 2 CPU processes: trainer.strategy=ddp ...)
 # JOBS    rows trained at once (default 1); LIMIT: seconds per training call (default none; single-process runs)
+# PAGE=0 skips rebuilding the page and the README table at the end (scripts/device_session.sh)
 # FULL_RANK=0 skips the exact full-ranking test re-evaluation (PR@k: beam search plus the capped exact search,
 #         ~4 min per row on 2 CPU threads); the page then shows no PR@k for the row
 # A finished row is re-evaluated with exact full ranking (PR@k); its metrics.json, config.yaml, overrides.yaml
@@ -101,6 +102,10 @@ row() {
 rows=("$@"); [[ ${#rows[@]} -gt 0 ]] || rows=("${ORDER[@]}")
 for r in "${rows[@]}"; do
   [[ -n "${ROWS[$r]:-}" ]] || { echo "error: unknown row $r (scripts/results_office.sh --list)" >&2; exit 2; }
+  if [[ $RECIPE == apao_release_cpu && ${ROWS[$r]} == *objective=apao* ]]; then
+    echo "error: $r: APAO's prefix weights move once per micro-batch (8 per step in the release, 2 under" \
+         "apao_release_cpu): run it with RECIPE=apao_release" >&2; exit 2
+  fi
 done
 mkdir -p "$RUNS"
 failed=0
@@ -116,7 +121,7 @@ for wave in first second; do  # rows that start from another row's run come seco
   while (( $(jobs -rp | wc -l) > 0 )); do wait -n || failed=$((failed + 1)); done
 done
 for r in "${rows[@]}"; do grep -h "^$r: \(done\|stopped\|waits\)" "$RUNS/$r.log" 2>/dev/null | tail -n 1 || true; done
-if compgen -G "docs/results/runs/*/*/metrics.json" > /dev/null; then
+if [[ ${PAGE:-1} == 1 ]] && compgen -G "docs/results/runs/*/*/metrics.json" > /dev/null; then
   $PY -m genrec.report 'runs=[docs/results/runs]' out=docs/results/office page=docs/results/office.md \
       page_intro=docs/results/office_intro.md paper=docs/results/paper_apao.yaml
   # the README's copy of the table, between its <!-- office-table --> markers

@@ -49,22 +49,26 @@ def test_train_shards_are_disjoint_and_equal(n, world):
     assert [list(b) for b in shards[0].batches()] == [list(b) for b in got[0]]  # same (seed, epoch): same
 
 
-def test_gloo_ddp_more_ranks_than_batches_evaluates_every_user_once(tmp_path):
+@pytest.mark.parametrize("validate", ["beam", "loss"])
+def test_gloo_ddp_more_ranks_than_batches_evaluates_every_user_once(tmp_path, validate):
     """4 CPU processes; 2 training batches of 2048 and 3 eval batches of 128 in one process's
     terms (300 users): every rank still trains and evaluates, every user is counted once, and
     the test metrics are those of a single-process evaluation of the same checkpoint. `devices`
     is the string "4" (like "auto" or a list: not an int): the cosine schedule still spans
-    exactly the one step taken (it used to assume one process: 2 steps, ending at lr / 2)."""
+    exactly the one step taken (it used to assume one process: 2 steps, ending at lr / 2). Validating the
+    losses alone (trainer.validate=loss, experiment=apao_release_cpu) gathers them from every rank too."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     run_dir, data_dir = tmp_path / "run", tmp_path / "data"
     out = subprocess.run([sys.executable, "-m", "genrec.train", "experiment=tiny", "trainer=ddp",
                           "trainer.accelerator=cpu", "trainer.devices='4'", "trainer.precision=32-true",
                           "trainer.max_epochs=1", "optim.warmup=0", "trainer.batch_size=2048", "trainer.eval_batch_size=128",
-                          f"hydra.run.dir={run_dir}", f"data_dir={data_dir}"],
+                          f"hydra.run.dir={run_dir}", f"data_dir={data_dir}", f"trainer.validate={validate}",
+                          *(["trainer.monitor=val/objective_loss", "trainer.monitor_mode=min"] if validate == "loss" else [])],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     m = json.loads((run_dir / "metrics.json").read_text())
-    assert m["test/users"] == 300 and m["val/users"] == 300
+    assert m["test/users"] == 300 and m["val/users"] == 300 and m["val/loss"] > 0
+    assert any(k.startswith("val/recall@") for k in m) == (validate == "beam")
     assert m["processes"] == 4 and m["peak_rss_gb"] > 0.1  # the largest of the 4 processes
     ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
     assert ckpt["global_step"] == 1 and ckpt["optimizer_states"][0]["param_groups"][0]["lr"] == 0.0

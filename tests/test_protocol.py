@@ -232,7 +232,7 @@ def test_apao_release_cpu_changes_only_how_the_release_recipe_executes():
     assert cpu[t + "gradient_clip"] == rel[t + "gradient_clip"] / a and cpu["optim.eps"] == rel["optim.eps"] / a
     execution = {"strategy", "accelerator", "devices", "batch_size", "accumulate", "precision", "length_window"}
     assert {k for k in rel.keys() | cpu.keys() if rel.get(k) != cpu.get(k)} == {
-        *(t + k for k in execution), t + "clip_on", t + "gradient_clip", "optim.eps"}
+        *(t + k for k in execution), t + "clip_on", t + "gradient_clip", "optim.eps", "tags"}
 
 
 def test_apao_presets_leave_other_objectives_and_defaults_alone():
