@@ -12,7 +12,7 @@
 #         apao_release: the release's own recipe (effective batch 1024, lr 5e-4, cosine over 200 epochs, early
 #         stopping on the validation loss, validating the loss alone: ~45-80 epochs; minutes on a GPU)
 #         apao_release_cpu: the same steps on 2 CPU cores (2 processes x 256 x 2, bf16, length-grouped batches:
-#         experiment=apao_release_cpu): ~1.5 min per epoch (estimated), one run per 3-hour session
+#         experiment=apao_release_cpu): 1.4-2.5 min per epoch by host, one run per 3-hour session on a fast one
 # EXTRA   overrides added to every row (hardware: trainer=gpu; 2 CPU processes: trainer.strategy=ddp ...)
 # JOBS    rows trained at once (default 1); LIMIT: seconds per training call (default none; single-process runs)
 # PAGE=0 skips rebuilding the page and the README table at the end (scripts/device_session.sh)
