@@ -91,7 +91,7 @@ class GenRec(EvalModule):
         self._stop_epoch_clock()
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
-        if self.cfg.trainer.get("validate", "beam") == "loss":  # the release's per-epoch evaluation: its loss, no beam search
+        if self.cfg.trainer.validate == "loss":  # the release's per-epoch evaluation: its loss, no beam search
             self._rows.append(self.evaluator.losses(self.backbone, batch))
         else:
             super().validation_step(batch, batch_idx)
@@ -140,7 +140,7 @@ class GenRec(EvalModule):
         no_decay = [p for p in params if p.ndim < 2]
         opt = torch.optim.AdamW([{"params": decay, "weight_decay": o.weight_decay},
                                  {"params": no_decay, "weight_decay": 0.0}], lr=o.lr, betas=tuple(o.betas),
-                                eps=o.get("eps", 1e-8))
+                                eps=o.eps)
         if self._trainer is not None:
             self.total_steps = int(self.trainer.estimated_stepping_batches)
         else:

@@ -67,13 +67,14 @@ class Evaluator:
 
     def summarize(self, rows: dict[str, torch.Tensor]) -> dict[str, float]:
         """The metrics of the rows present: beam metrics only where the rows hold ranks (`losses` alone: none)."""
-        rank = rows.get("rank")
         out = {}
-        for k in self.ks if rank is not None else ():
-            out[f"recall@{k}"] = metrics.recall(rank, k)
-            out[f"ndcg@{k}"] = metrics.ndcg(rank, k)
-        for m, r in enumerate(metrics.prefix_recall(rows["prefix_hit"]) if rank is not None else (), 1):
-            out[f"prefix_recall@{m}"] = r
+        if "rank" in rows:
+            rank = rows["rank"]
+            for k in self.ks:
+                out[f"recall@{k}"] = metrics.recall(rank, k)
+                out[f"ndcg@{k}"] = metrics.ndcg(rank, k)
+            for m, r in enumerate(metrics.prefix_recall(rows["prefix_hit"]), 1):
+                out[f"prefix_recall@{m}"] = r
         if "full_rank" in rows:
             full = rows["full_rank"]
             for k in self.ks:
