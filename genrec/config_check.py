@@ -5,6 +5,7 @@
 (groups differ: `objective.loss` exists for APAO only, `split` for `genrec.evaluate` only).
 Adding a key is one line. `CROSS` holds the checks that relate two keys. A `-m` sweep checks
 every job's config before the first one runs (`SweepCheck`, registered in `hydra.callbacks`).
+`python -m genrec.config_check <overrides>` checks genrec.train's command line without running it.
 """
 
 from __future__ import annotations
@@ -188,6 +189,23 @@ def _stage1_is_an_objective(cfg: DictConfig) -> str | None:
     return f"stage1={_show(name)}: an objective of conf/objective/ ({', '.join(names)})"
 
 
+def _micro_batches_as_the_recipe(cfg: DictConfig) -> str | None:
+    """A preset reproducing another code's steps (`protocol.micro_batches`: its micro-batches per optimizer step)
+    holds for an objective whose state moves once per micro-batch only at that `trainer.accumulate`."""
+    want, have, target = _get(cfg, "protocol.micro_batches"), _get(cfg, "trainer.accumulate"), _get(cfg, "objective._target_")
+    if want in (None, _ABSENT) or have == want or target is _ABSENT:
+        return None
+    try:
+        state = get_class(str(target)).state_per_micro_batch(_get(cfg, "objective"))
+    except Exception:  # not an importable genrec objective: instantiate names it
+        return None
+    if not state:
+        return None
+    return (f"trainer.accumulate={have}: {target.rsplit('.', 1)[-1]} moves {state} once per micro-batch, and this "
+            f"recipe's steps take protocol.micro_batches={want} (e.g. experiment=apao_release; "
+            f"protocol.micro_batches=null to run it anyway, not as the recipe)")
+
+
 def _reader_is_a_reader(cfg: DictConfig) -> str | None:
     """`dataset.reader._target_` is importable and follows `genrec.data.readers.common.Reader`."""
     target = _get(cfg, "dataset.reader._target_")
@@ -234,7 +252,7 @@ def _lightning_arguments(cfg: DictConfig) -> str | None:
 
 
 CROSS: list[Callable[[DictConfig], str | None]] = [_ks_within_beam, _monitor_is_logged, _sdpo_has_a_start,
-                                                   _stage1_is_an_objective, _reader_is_a_reader,
+                                                   _micro_batches_as_the_recipe, _stage1_is_an_objective, _reader_is_a_reader,
                                                    _callbacks_keep_checkpoints, _lightning_arguments]
 
 _ABSENT = object()
@@ -296,3 +314,21 @@ class SweepCheck(Callback):
             jobs = []
         for job in jobs or [None]:
             exit_if_invalid(config if job is None else loader.load_sweep_config(config, job))
+
+
+def main(overrides: list[str]) -> None:
+    """genrec.train's config for `overrides` (hydra.* left out): checked, `ok` or one error line and exit 2."""
+    from hydra import compose, initialize_config_dir
+
+    try:
+        with initialize_config_dir(str(CONF), version_base="1.3"):
+            cfg = compose("config", overrides=[o for o in overrides if not o.lstrip("+~").startswith("hydra.")])
+    except Exception as e:  # a bad override: Hydra's own message names it
+        print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
+        sys.exit(2)
+    exit_if_invalid(cfg)
+    print("ok")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -58,6 +58,10 @@ BAD = [  # (overrides, the one line after "error: ")
     (["eval.score=partial"], "eval.score=partial: one of full, masked, or null"),
     (["eval.temperature=0"], "eval.temperature=0: a number > 0, or null"),
     (["trainer.monitor_mode=up"], "trainer.monitor_mode=up: one of max, min"),
+    (["experiment=apao_release_cpu", "objective=apao_pointwise"],
+     "trainer.accumulate=2: APAO moves its prefix weights (objective.weights=paper) once per micro-batch, and this "
+     "recipe's steps take protocol.micro_batches=8 (e.g. experiment=apao_release; protocol.micro_batches=null to run "
+     "it anyway, not as the recipe)"),
     (["trainer.monitor=val/ndgc@10"], "trainer.monitor=val/ndgc@10: val/loss, val/objective_loss, val/recall@k, "
      "val/ndcg@k, val/prefix_recall@m, or with eval.full_rank=true val/full/recall@k, val/full/ndcg@k, "
      "val/pruning_rate@k"),
@@ -113,6 +117,18 @@ def test_every_shipped_config_passes_and_every_checked_key_exists():
     assert set(CHECKS) == seen  # no stale key in the table
 
 
+@pytest.mark.parametrize("overrides", [
+    ["experiment=apao_release", "objective=apao_pointwise"],  # the release's 8 micro-batches
+    ["experiment=apao_release_cpu", "objective=ce"],  # no state: any split of the step's examples
+    ["experiment=apao_release_cpu", "objective=apao_pointwise", "objective.weights=released"],  # per batch, stateless
+    ["experiment=apao_release_cpu", "objective=apao_pointwise", "objective.eta=0"],  # weights never move
+    ["experiment=apao_release_cpu", "objective=apao_pointwise", "protocol.micro_batches=null"],  # not as the release
+    ["experiment=office_cpu", "objective=apao_pointwise"],  # no recipe to hold it to
+])
+def test_apao_state_per_micro_batch_is_held_only_to_a_recipe_that_counts_them(overrides):
+    assert errors(cfg(*overrides)) == []
+
+
 def _cli(tmp_path: Path, module: str, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", module, *args, f"data_dir={tmp_path}/data"], cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
@@ -125,6 +141,8 @@ def _cli(tmp_path: Path, module: str, *args: str) -> subprocess.CompletedProcess
      "error: trainer.lightning.max_tme: not an argument of lightning.pytorch.Trainer (did you mean max_time?)"),
     ("genrec.prepare", ["experiment=tiny", "dataset.kcore=0"], "error: dataset.kcore=0: an integer >= 1"),
     ("genrec.evaluate", ["ckpt=nowhere", "eval.beam=0"], "error: eval.beam=0: an integer >= 1"),
+    ("genrec.config_check", ["experiment=tiny", "eval.beam=0"], "error: eval.beam=0: an integer >= 1"),
+    ("genrec.config_check", ["objective=nope"], "error: In 'config': Could not find 'objective/nope'"),
     # a sweep stops before its first job: job 0 is fine, job 1 is not
     ("genrec.train", ["-m", "experiment=tiny", "eval.beam=5,2"],
      "error: eval.ks=[1, 5]: a non-empty list of integers from 1 to eval.beam (2)"),
@@ -136,3 +154,8 @@ def test_cli_prints_one_line_and_does_no_work(tmp_path, module, args, line):
     assert out.stderr == line + "\n"
     assert not (tmp_path / "data").exists()  # no data-stage work
     assert not (tmp_path / "sweep").exists() and not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_config_check_cli_says_ok_for_a_good_command(tmp_path):
+    out = _cli(tmp_path, "genrec.config_check", "experiment=office_cpu", "objective=apao_pointwise", "hydra.run.dir=x")
+    assert (out.returncode, out.stdout, out.stderr) == (0, "ok\n", "")

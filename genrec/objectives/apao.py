@@ -82,6 +82,12 @@ class APAO(CE):
         bear = term_on(cfg.get("bear"))
         return order + (0.05 if bear else 0), f"APAO-{loss}" + ("+BEAR" if bear else "")
 
+    @classmethod
+    def state_per_micro_batch(cls, cfg: dict) -> str | None:
+        if cfg.get("weights", "paper") == "paper" and cfg.get("eta") and cfg.get("beta"):
+            return "its prefix weights (objective.weights=paper)"
+        return None
+
     def __init__(
         self,
         loss: str = "pairwise",

@@ -52,6 +52,12 @@ class Objective(nn.Module):
         """(order, label) of a run with objective config `cfg` in the report's table."""
         return cls.order, cls.label or cls.__name__
 
+    @classmethod
+    def state_per_micro_batch(cls, cfg: dict) -> str | None:
+        """What training state this objective (config `cfg`) moves once per micro-batch, None if nothing: then
+        an optimizer step is the same however its examples are split into micro-batches (config_check)."""
+        return None
+
     def setup(self, ctx: TrainContext, backbone: Backbone) -> None:
         """Called once before training (and before a checkpoint is restored)."""
         self.ctx = ctx
