@@ -28,19 +28,19 @@ def trained(calls: list[list[str]]) -> list[str]:
 
 
 def test_a_row_that_starts_from_another_trains_after_it_and_done_rows_are_skipped(tmp_path):
-    out, calls = script(tmp_path, "tiger-apao_pairwise-s42", "tiger-ce-s42", "tiger-msl-s42", JOBS="2")
+    out, calls = script(tmp_path, "tiger-apao_pairwise-s43", "tiger-ce-s43", "tiger-msl-s42", JOBS="2")
     assert out.returncode == 0, out.stderr
-    assert sorted(trained(calls)[:2]) == ["tiger-ce-s42", "tiger-msl-s42"] and trained(calls)[2] == "tiger-apao_pairwise-s42"
+    assert sorted(trained(calls)[:2]) == ["tiger-ce-s43", "tiger-msl-s42"] and trained(calls)[2] == "tiger-apao_pairwise-s43"
     pairwise = next(c for c in calls if "objective=apao_pairwise" in c)
-    assert "init_from=outputs/results_office/office_cpu/tiger-ce-s42" in pairwise
+    assert "init_from=outputs/results_office/office_cpu/tiger-ce-s43" in pairwise
     assert "experiment=office_cpu" in pairwise
-    for row in ("tiger-ce-s42", "tiger-msl-s42", "tiger-apao_pairwise-s42"):
+    for row in ("tiger-ce-s43", "tiger-msl-s42", "tiger-apao_pairwise-s43"):
         d = tmp_path / "docs" / "results" / "runs" / "office_cpu" / row
         assert {p.name for p in d.iterdir()} == {"metrics.json", "config.yaml", "overrides.yaml", "eval"}
         assert (d / "eval" / "test-beam20-full.json").exists()
     assert [c[0] for c in calls].count("genrec.report") == 1
 
-    out, calls = script(tmp_path, "tiger-apao_pairwise-s42", "tiger-ce-s42", "tiger-msl-s42")
+    out, calls = script(tmp_path, "tiger-apao_pairwise-s43", "tiger-ce-s43", "tiger-msl-s42")
     assert out.returncode == 0 and trained(calls) == [] and out.stdout.count("skip ") == 3
 
 
@@ -56,11 +56,11 @@ def test_a_row_keeps_the_command_of_its_first_start(tmp_path):
 
 
 def test_limit_stops_a_row_for_the_next_call_and_its_dependants_wait(tmp_path):
-    out, calls = script(tmp_path, "tiger-ce-s42", "tiger-sdpo-s42", LIMIT="1", FAKE_SLOW="5", FULL_RANK="0")
+    out, calls = script(tmp_path, "tiger-ce-s43", "tiger-sdpo-s43", LIMIT="1", FAKE_SLOW="5", FULL_RANK="0")
     assert out.returncode == 0, out.stderr
-    assert "tiger-ce-s42: stopped after 1s, resumes next call" in out.stdout
-    assert "tiger-sdpo-s42: waits for tiger-ce-s42 (not finished)" in out.stdout
-    assert trained(calls) == ["tiger-ce-s42"] and not (tmp_path / "docs").exists()
+    assert "tiger-ce-s43: stopped after 1s, resumes next call" in out.stdout
+    assert "tiger-sdpo-s43: waits for tiger-ce-s43 (not finished)" in out.stdout
+    assert trained(calls) == ["tiger-ce-s43"] and not (tmp_path / "docs").exists()
 
 
 def test_a_failed_row_fails_the_call_after_the_others_finish(tmp_path):
