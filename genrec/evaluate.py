@@ -8,7 +8,7 @@ Rebuilds the run's data, model and evaluator from its saved `config.yaml` (data 
 from the cache; no training objective: an S-DPO run evaluates without its reference run), loads
 the checkpoint's model weights, evaluates, and writes `<run dir>/eval/<split>-beam<K>.json`
 (`...-<checkpoint name>.json` for a checkpoint other than the run's selected one, e.g. last.ckpt);
-the last line printed is the same JSON object. Scoring (`eval.score`, `eval.temperature`) is the
+the last line printed is the same JSON object; per user ranks go to `<same name>.ranks.csv`. Scoring (`eval.score`, `eval.temperature`) is the
 run's own unless overridden (the file name then says which). `split=valid` scores every validation
 user, also for a run that selected on a `trainer.val_users` sample.
 """
@@ -71,6 +71,7 @@ def evaluate(cfg: DictConfig) -> dict:
     other = "" if ckpt == checkpoint_path(run_dir) else f"-{ckpt.stem}"  # not the run's selected checkpoint
     out = run_dir / "eval" / f"{cfg.split}-beam{cfg.eval.beam}{scoring}{'-full' if cfg.eval.full_rank else ''}{other}.json"
     out.parent.mkdir(exist_ok=True)
+    module.write_ranks(out.with_suffix(".ranks.csv"))  # per user (genrec.report's paired test)
     write_json(out, result)
     return result
 

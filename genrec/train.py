@@ -7,8 +7,8 @@ Lightning's Trainer is `trainer.lightning` (conf/trainer/) instantiated with the
 and the callbacks (conf/callbacks/): `build_trainer`.
 
 The run dir holds the resolved `config.yaml`, `checkpoints/{last,best}.ckpt`, the
-logger's files and `metrics.json` (final test metrics, best validation metrics, epochs,
-wall time): everything `genrec.report` needs.
+logger's files, `metrics.json` (final test metrics, best validation metrics, epochs,
+wall time) and `test_ranks.csv` (each test user's rank): everything `genrec.report` needs.
 """
 
 from __future__ import annotations
@@ -226,6 +226,7 @@ def train(cfg: DictConfig, start: float, resume_dir: Path | None, objective_name
         "checkpoint": best, "history": history,
     }
     if trainer.is_global_zero:
+        module.write_ranks(run_dir / "test_ranks.csv")  # before metrics.json: a finished run has both
         write_json(run_dir / "metrics.json", result)
         (run_dir / "failed.json").unlink(missing_ok=True)  # a resumed run that once failed
         log_final(trainer.logger, result)

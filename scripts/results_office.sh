@@ -19,7 +19,8 @@
 # FULL_RANK=0 skips the exact full-ranking test re-evaluation (PR@k: beam search plus the capped exact search,
 #         ~4 min per row on 2 CPU threads); the page then shows no PR@k for the row
 # A finished row is re-evaluated with exact full ranking (PR@k); its metrics.json, config.yaml, overrides.yaml
-# (the command line: the page's rerun command) and eval/*.json are copied to docs/results/runs/<recipe>/<row>/
+# (the command line: the page's rerun command), test_ranks.csv (per user: the page's paired test) and eval/*.json
+# (+ their .ranks.csv) are copied to docs/results/runs/<recipe>/<row>/
 # (commit them; never checkpoints), then the page is rebuilt from docs/results/runs, and the README's copy of its
 # table (between the <!-- office-table --> markers).
 # DATA: the release's Office files (default ../shared/data/apao-office).
@@ -96,9 +97,13 @@ row() {
   [[ ${FULL_RANK:-1} == 0 ]] || $PY -m genrec.evaluate ckpt="$run" eval.full_rank=true  # exact full ranking: PR@k
   mkdir -p "$DOCS/$row"
   cp "$run"/metrics.json "$run"/config.yaml "$DOCS/$row/"
+  if [[ -f $run/test_ranks.csv ]]; then cp "$run"/test_ranks.csv "$DOCS/$row/"; fi  # per user: the paired test
   # genrec's record of the first start's command; Hydra's .hydra copy (runs from before it) says the last start's
   if [[ -f $run/overrides.yaml ]]; then cp "$run"/overrides.yaml "$DOCS/$row/"; else cp "$run"/.hydra/overrides.yaml "$DOCS/$row/"; fi
-  if compgen -G "$run/eval/*.json" > /dev/null; then mkdir -p "$DOCS/$row/eval" && cp "$run"/eval/*.json "$DOCS/$row/eval/"; fi
+  if compgen -G "$run/eval/*.json" > /dev/null; then
+    mkdir -p "$DOCS/$row/eval" && cp "$run"/eval/*.json "$DOCS/$row/eval/"
+    if compgen -G "$run/eval/*.ranks.csv" > /dev/null; then cp "$run"/eval/*.ranks.csv "$DOCS/$row/eval/"; fi
+  fi
   echo "$row: done ($DOCS/$row)"
 }
 

@@ -25,10 +25,12 @@ elif module == "genrec.train":
     if not (run / "overrides.yaml").exists():  # genrec: the first start
         (run / "overrides.yaml").write_text(command)
     (run / "config.yaml").write_text("seed: 1\n")
+    (run / "test_ranks.csv").write_text("user,rank\n0,1\n")
     (run / "metrics.json").write_text(json.dumps({"test/recall@10": 0.05}))
 elif module == "genrec.evaluate":
     run = Path(kv["ckpt"])
     (run / "eval").mkdir(exist_ok=True)
+    (run / "eval" / "test-beam20-full.ranks.csv").write_text("user,rank,full_rank\n0,1,1\n")
     (run / "eval" / "test-beam20-full.json").write_text(json.dumps({"test/pruning_rate@5": 0.3}))
 elif module == "genrec.report":
     (Path(kv["out"]) / "table.md").parent.mkdir(parents=True, exist_ok=True)

@@ -36,8 +36,8 @@ def test_a_row_that_starts_from_another_trains_after_it_and_done_rows_are_skippe
     assert "experiment=office_cpu" in pairwise
     for row in ("tiger-ce-s43", "tiger-msl-s42", "tiger-apao_pairwise-s43"):
         d = tmp_path / "docs" / "results" / "runs" / "office_cpu" / row
-        assert {p.name for p in d.iterdir()} == {"metrics.json", "config.yaml", "overrides.yaml", "eval"}
-        assert (d / "eval" / "test-beam20-full.json").exists()
+        assert {p.name for p in d.iterdir()} == {"metrics.json", "config.yaml", "overrides.yaml", "test_ranks.csv", "eval"}
+        assert {p.name for p in (d / "eval").iterdir()} == {"test-beam20-full.json", "test-beam20-full.ranks.csv"}
     assert [c[0] for c in calls].count("genrec.report") == 1
 
     out, calls = script(tmp_path, "tiger-apao_pairwise-s43", "tiger-ce-s43", "tiger-msl-s42")

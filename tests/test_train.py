@@ -6,11 +6,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 
 from run_helpers import reproducible
 
+from genrec.eval import metrics
 from genrec.train import run
 
 CONF = str(Path(__file__).parents[1] / "conf")
@@ -64,6 +67,7 @@ def test_ddp_two_cpu_processes_evaluate_every_user_once(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     m = json.loads((tmp_path / "ddp" / "metrics.json").read_text())
     assert m["test/users"] == 300 and m["val/users"] == 300
+    assert sorted(pd.read_csv(tmp_path / "ddp" / "test_ranks.csv").user) == list(range(300))  # gathered, once each
 
 
 def test_nan_loss_stops_with_a_clear_error(tmp_path):
@@ -110,6 +114,18 @@ def test_evaluate_reproduces_test_metrics_and_reruns_other_beams(tmp_path):
     b = evaluate(wide)  # beam >= catalogue: beam search is exact, nothing is pruned
     assert b["test/recall@5"] == b["test/full/recall@5"] and b["test/pruning_rate@5"] == 0
     assert (tmp_path / "run" / "eval" / "test-beam60-full.json").exists()
+
+    # per user (the report's paired test): the final test's ranks give its metrics, the re-evaluation's are equal
+    ranks = pd.read_csv(tmp_path / "run" / "test_ranks.csv")
+    assert list(ranks.columns) == ["user", "rank"] and sorted(ranks.user) == list(range(300))
+    rank = torch.as_tensor(ranks["rank"].to_numpy())
+    for k in (1, 5):
+        assert metrics.per_user(rank, f"recall@{k}").mean().item() == pytest.approx(r[f"test/recall@{k}"], rel=1e-9)
+        assert metrics.per_user(rank, f"ndcg@{k}").mean().item() == pytest.approx(r[f"test/ndcg@{k}"], rel=1e-9)
+    assert pd.read_csv(tmp_path / "run" / "eval" / "test-beam5.ranks.csv").equals(ranks)
+    full = pd.read_csv(tmp_path / "run" / "eval" / "test-beam60-full.ranks.csv")
+    assert list(full.columns) == ["user", "rank", "full_rank"] and full["rank"].min() >= 1  # exact: all returned
+    assert (full["full_rank"] == full["rank"].clip(upper=6)).all()  # full ranks beyond max(ks) = 5 read 6
 
 
 def test_evaluating_another_checkpoint_of_a_run_keeps_the_selected_ones_file(tmp_path):

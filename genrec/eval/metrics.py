@@ -19,15 +19,29 @@ def hits(rank: torch.Tensor, k: int) -> torch.Tensor:
     return (rank >= 1) & (rank <= k)
 
 
+def ndcg_gain(rank: torch.Tensor, k: int) -> torch.Tensor:
+    """Per user: 1 / log2(rank + 1) if rank <= k, else 0 (one relevant item: IDCG = 1)."""
+    return torch.where(hits(rank, k), 1.0 / torch.log2(rank.double().clamp(min=1) + 1), 0.0)
+
+
+def per_user(rank: torch.Tensor, name: str) -> torch.Tensor:
+    """Each user's value of `recall@k` (hit: 0/1) or `ndcg@k` (gain); the metric is their mean."""
+    kind, k = name.split("@")
+    if kind == "recall":
+        return hits(rank, int(k)).double()
+    if kind == "ndcg":
+        return ndcg_gain(rank, int(k))
+    raise ValueError(f"{name}: recall@k or ndcg@k")
+
+
 def recall(rank: torch.Tensor, k: int) -> float:
     """Recall@k: share of users whose target is in the top k."""
-    return hits(rank, k).double().mean().item()
+    return per_user(rank, f"recall@{k}").mean().item()
 
 
 def ndcg(rank: torch.Tensor, k: int) -> float:
-    """NDCG@k with one relevant item: 1 / log2(rank + 1) if rank <= k, else 0 (IDCG = 1)."""
-    gain = 1.0 / torch.log2(rank.double().clamp(min=1) + 1)
-    return torch.where(hits(rank, k), gain, 0.0).mean().item()
+    """NDCG@k with one relevant item: the mean of `ndcg_gain`."""
+    return per_user(rank, f"ndcg@{k}").mean().item()
 
 
 def prefix_recall(prefix_hit: torch.Tensor) -> list[float]:

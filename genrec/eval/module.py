@@ -8,11 +8,15 @@ de-duplicated by example index and only then summarised.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import lightning as L
+import pandas as pd
 import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
+from genrec.runs import write_text
 from genrec.sid.codes import SemanticIds
 from genrec.sid.trie import Trie
 
@@ -28,6 +32,7 @@ class EvalModule(L.LightningModule):
         self._trie = Trie(sids)
         self._rows: list[dict] = []
         self.last_metrics: dict[str, dict] = {}
+        self.last_rows: dict[str, dict[str, torch.Tensor]] = {}  # per example, gathered: write_ranks
 
     @property
     def trie(self) -> Trie:
@@ -64,7 +69,17 @@ class EvalModule(L.LightningModule):
         # Every rank holds the same gathered rows, so no further reduction is needed.
         self.log_dict({f"{prefix}/{k}": float(v) for k, v in metrics.items()}, sync_dist=False)
         self.last_metrics[prefix] = metrics
+        self.last_rows[prefix] = rows
         return metrics
+
+    def write_ranks(self, path: Path, prefix: str = "test") -> None:
+        """The last `prefix` evaluation per user, as CSV (atomically): `user` (example index), `rank` (the target's
+        1-based rank in the beam list, 0 = not returned) and with full ranking `full_rank`: what paired
+        comparisons of two runs over the same users need (genrec.report's paired test)."""
+        rows = self.last_rows[prefix]
+        cols = {"user": rows["index"], "rank": rows["rank"], **({"full_rank": rows["full_rank"]} if "full_rank" in rows else {})}
+        frame = pd.DataFrame({k: v.long().numpy() for k, v in cols.items()}).sort_values("user")
+        write_text(path, frame.to_csv(index=False))
 
     def on_validation_epoch_end(self) -> None:
         self._eval_epoch_end("val")

@@ -13,12 +13,14 @@ validation; the sweep itself becomes a sensitivity plot. Runs of another experim
 the most common one are rows of their own, "CE [apao_release]", with the reference numbers of "CE". A run
 dir without metrics.json is a `failed` cell if it has failed.json or was last touched more than
 `stale_minutes` ago, else `running`. Writes table.md, table.tex, table.csv (wide, as shown), cells.csv
-(long, numeric), summary.json and the PNGs for which data exists; with `page`, the results page (page.py).
+(long, numeric), paired.csv (each row against the baseline over the same users, from per-user ranks: paired.py),
+summary.json and the PNGs for which data exists; with `page`, the results page (page.py).
 
 Rows are named, ordered and split into ablations by the objective classes (`Objective.report_row`,
 `ablations`, `axes` in genrec/objectives/base.py): a new objective needs nothing here.
   load.py    run dirs -> Run records;  select.py  variants, validation-based selection
-  table.py   pandas table, md / tex / csv;  figures.py + plots.py  PNGs;  page.py  the results page
+  table.py   pandas table, md / tex / csv;  paired.py  paired test over users
+  figures.py + plots.py  PNGs;  page.py  the results page
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from genrec.report import plots  # noqa: F401  (tests patch genrec.report.plots)
 from genrec.report.figures import diagnostic_plots, sensitivity_plots
 from genrec.report.load import BACKBONE_NAMES, Run, load_runs, mark_recipes, objective_label  # noqa: F401
 from genrec.report.page import write_page
+from genrec.report.paired import paired
 from genrec.report.select import choose, group, varying
 from genrec.report.table import Reference, cells, text, write_tables
 from genrec.runs import write_text
@@ -71,6 +74,10 @@ def report(runs: Sequence[str | Path], out: str | Path, metrics: Sequence[str] =
         if len(tried) > 1 and v.runs:
             picked = ", ".join(f"{k}={v.flat.get(k)}" for k in varying(tried))
             notes.append(f"{d}/{b}/{lab}: best of {len(tried)} configs on {select or v.runs[0].monitor}: {picked}")
+    pairs = paired(chosen, metrics, split, baseline)
+    if len(pairs):
+        files.append(out / "paired.csv")
+        write_text(files[-1], pairs.to_csv(index=False))
     records = df.astype(object).where(df.notna(), None).to_dict("records")
     summary = {
         "split": split, "metrics": metrics, "baseline": baseline,
@@ -82,13 +89,14 @@ def report(runs: Sequence[str | Path], out: str | Path, metrics: Sequence[str] =
                       "objective_params": {k: v.flat[k] for k in v.flat if k.startswith("objective.")},
                       "runs": [str(r.path) for r in v.runs], "variants": len(groups[(d, b, lab)])}
                      for (d, b, lab), v in sorted(chosen.items())],
+        "paired": pairs.to_dict("records"),
         "notes": notes,
         "files": [p.name for p in files + pngs] + ["summary.json"],
     }
     if page:
         figures = [x for x in drawn if x[2].name.startswith(("prefix_recall", "pruning_rate"))]
         write_page(Path(page), Path(page_intro).read_text() if page_intro else "", df, chosen, order, split, baseline,
-                   figures, summary, rebuild)
+                   figures, summary, rebuild, pairs)
         summary["page"] = str(page)
     write_text(out / "summary.json", json.dumps(summary, indent=1, default=str))
     return summary

@@ -90,25 +90,35 @@ class Run:
     def monitor(self) -> str:
         return self.cfg.get("trainer", {}).get("monitor", "val/ndcg@10")
 
-    def evals(self, split: str = "*") -> list[dict]:
-        """Re-evaluations of the run's selected checkpoint written by genrec.evaluate: eval/<split>-beam<K>[-full].json
-        (not another checkpoint's, `...-last.json`)."""
+    def eval_files(self, split: str = "*") -> list[tuple[Path, dict]]:
+        """Re-evaluations of the run's selected checkpoint written by genrec.evaluate, (file, contents):
+        eval/<split>-beam<K>[-full].json (not another checkpoint's, `...-last.json`)."""
         mine = Path(str((self.metrics or {}).get("checkpoint", "best.ckpt"))).name
-        return [j for f in sorted((self.path / "eval").glob(f"{split}-beam*.json"))
+        return [(f, j) for f in sorted((self.path / "eval").glob(f"{split}-beam*.json"))
                 if (j := read_json(f)) and Path(str(j.get("checkpoint", mine))).name == mine]
+
+    def evals(self, split: str = "*") -> list[dict]:
+        return [j for _, j in self.eval_files(split)]
+
+    def own_scoring(self, e: dict) -> bool:
+        """A re-evaluation `e` at the run's own beam and scoring."""
+        score = ((self.metrics or {}).get("eval_score"), e.get("eval_score"))
+        return e.get("beam") == self.cfg["eval"].get("beam") and (None in score or score[0] == score[1])
 
     @cached_property
     def values(self) -> dict:
         """metrics.json plus the metric keys it lacks (e.g. test/pruning_rate@k) from the run's full-rank
         re-evaluation at its own beam and scoring (eval/<split>-beam<K>-full.json); metrics.json wins."""
-        m = self.metrics or {}
+        full = [e for e in self.evals() if e.get("full_rank") and self.own_scoring(e)]
+        return {k: v for e in full for k, v in e.items() if "/" in k} | (self.metrics or {})
 
-        def own(e: dict) -> bool:
-            score = (m.get("eval_score"), e.get("eval_score"))
-            return bool(e.get("full_rank")) and e.get("beam") == self.cfg["eval"].get("beam") and (
-                None in score or score[0] == score[1])
-        full = [e for e in self.evals() if own(e)]
-        return {k: v for e in full for k, v in e.items() if "/" in k} | m
+    def ranks(self, split: str = "test") -> pd.DataFrame | None:
+        """Per user (`user`, `rank`[, `full_rank`]) of the selected checkpoint on `split`: the final test's
+        <split>_ranks.csv, else a re-evaluation's at the run's own beam and scoring (eval/<name>.ranks.csv)."""
+        files = [self.path / f"{split}_ranks.csv"] + [f.with_suffix(".ranks.csv") for f, e in self.eval_files(split)
+                                                      if self.own_scoring(e)]
+        f = next((f for f in files if f.exists()), None)
+        return pd.read_csv(f) if f else None
 
     @cached_property
     def log(self) -> pd.DataFrame:

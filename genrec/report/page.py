@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 
 from genrec.report.load import BACKBONE_NAMES, Run, overrides_of
-from genrec.report.select import Cell, Variant
+from genrec.report.select import Cell, Variant, baseline_cell
 from genrec.report.table import cells, flat, markdown
 from genrec.runs import write_text
 
@@ -70,18 +70,27 @@ def row_cost(chosen: dict[Cell, Variant], rows: list[Cell], baseline: str) -> pd
 
     table = []
     for d, b, lab in rows:
-        recipe = chosen[(d, b, lab)].runs[0].recipe
-        base = next((c for c in chosen if c[:2] == (d, b) and c[2].lower() == (baseline + recipe).lower()), None)
-        x, x0 = mean((d, b, lab)), mean(base)
+        x, x0 = mean((d, b, lab)), mean(baseline_cell(chosen, (d, b, lab), baseline))
         table.append({**_name(d, b, lab), "Train s/epoch (mean)": _num(x, ".1f"),
                       f"vs {baseline.upper()}": f"×{x / x0:.2f}" if x and x0 else "—"})
     return pd.DataFrame(table)
 
 
+def paired_rows(pairs: pd.DataFrame) -> pd.DataFrame:
+    """paired.py's table as the page shows it."""
+    def seeds(x: list) -> str:
+        return ",".join(map(str, x))
+    return pd.DataFrame([{**_name(r.dataset, r.backbone, r.objective), "vs": r.baseline, "Seeds": seeds(r.seeds),
+                          "vs seeds": seeds(r.baseline_seeds), "Users": str(r.users), "Metric": r.metric,
+                          "Difference": f"{r.diff:+.4f}", "95% interval": f"[{r.lo:+.4f}, {r.hi:+.4f}]",
+                          "p": f"{r.p:.3f}"} for r in pairs.itertuples()])
+
+
 def write_page(path: Path, intro: str, df: pd.DataFrame, chosen: dict[Cell, Variant],
                order: dict[str, float], split: str, baseline: str, figures: list[tuple[str, str, Path]],
-               summary: dict, rebuild: str | None) -> None:
-    """The page at `path`: `df` is the report's table (cells), `figures` its PNGs as (dataset, backbone, file)."""
+               summary: dict, rebuild: str | None, pairs: pd.DataFrame) -> None:
+    """The page at `path`: `df` is the report's table (cells), `figures` its PNGs as (dataset, backbone, file),
+    `pairs` paired.py's table."""
     shown = sorted(chosen, key=lambda c: (c[0], c[1], order.get(c[2], 0.0), c[2]))
     rows = [c for c in shown if chosen[c].runs]
     base, n = baseline.upper(), summary["runs"]
@@ -95,6 +104,12 @@ def write_page(path: Path, intro: str, df: pd.DataFrame, chosen: dict[Cell, Vari
              "## Pruning rate", "", f"{CAPTIONS['pruning_rate']}, from each run's full-rank evaluation at its own beam "
              f"(`eval.full_rank=true`); mean ± std over seeds, in brackets the change vs {base}; —: no full-rank "
              "evaluation.", "", markdown(flat(cells(chosen, order, PRUNING, split, baseline))),
+             "## Paired test over users", "", f"Each row against {base} of the same backbone and preset on the same "
+             f"{split} users: the mean per-user difference (a hit for recall, the NDCG gain), averaged over the seeds "
+             "with per-user ranks (`test_ranks.csv`), its 95% bootstrap interval over users and a two-sided sign-flip "
+             "randomization p. It measures the test set's noise for these trained models, not the spread between "
+             "seeds, and pairs the seeds listed (any two, also different ones).", "",
+             markdown(paired_rows(pairs), 3) if len(pairs) else "No two rows have per-user ranks yet.\n",
              "## Figures", ""]
     for d, b, f in figures:
         kind = next(k for k in CAPTIONS if f.name.startswith(k))

@@ -66,3 +66,11 @@ def varying(variants: list[Variant]) -> list[str]:
 
 def choose(variants: list[Variant], select: str | None) -> Variant:
     return max(variants, key=lambda v: (bool(v.runs), v.score(select)))
+
+
+def baseline_cell(chosen: dict[Cell, Variant], cell: Cell, baseline: str) -> Cell | None:
+    """The baseline row of `cell`'s dataset, backbone and recipe ("CE [apao_release]" for an
+    "APAO-pointwise [apao_release]" row), None without one."""
+    d, b, _ = cell
+    recipe = chosen[cell].runs[0].recipe if chosen[cell].runs else ""
+    return next((c for c in chosen if c[:2] == (d, b) and c[2].lower() == (baseline + recipe).lower()), None)
