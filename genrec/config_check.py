@@ -5,7 +5,8 @@
 (groups differ: `objective.loss` exists for APAO only, `split` for `genrec.evaluate` only).
 Adding a key is one line. `CROSS` holds the checks that relate two keys. A `-m` sweep checks
 every job's config before the first one runs (`SweepCheck`, registered in `hydra.callbacks`).
-`python -m genrec.config_check <overrides>` checks genrec.train's command line without running it.
+`python -m genrec.config_check <overrides> [-- <overrides> ...]` checks genrec.train command lines without
+running them (one `ok` or `error:` line each).
 """
 
 from __future__ import annotations
@@ -190,19 +191,22 @@ def _stage1_is_an_objective(cfg: DictConfig) -> str | None:
 
 
 def _micro_batches_as_the_recipe(cfg: DictConfig) -> str | None:
-    """A preset reproducing another code's steps (`protocol.micro_batches`: its micro-batches per optimizer step)
-    holds for an objective whose state moves once per micro-batch only at that `trainer.accumulate`."""
-    want, have, target = _get(cfg, "protocol.micro_batches"), _get(cfg, "trainer.accumulate"), _get(cfg, "objective._target_")
-    if want in (None, _ABSENT) or have == want or target is _ABSENT:
+    """A preset reproducing another code's steps names its micro-batches per optimizer step
+    (`protocol.micro_batches`); an objective whose state moves once per micro-batch moves as often as there
+    only at that `trainer.accumulate` (necessary, not sufficient: each micro-batch's size matters too)."""
+    want, have = _get(cfg, "protocol.micro_batches"), _get(cfg, "trainer.accumulate")
+    target, objective = _get(cfg, "objective._target_"), _get(cfg, "objective")
+    if want in (None, _ABSENT) or have == want or target is _ABSENT or not isinstance(objective, dict):
         return None
     try:
-        state = get_class(str(target)).state_per_micro_batch(_get(cfg, "objective"))
-    except Exception:  # not an importable genrec objective: instantiate names it
+        cls = get_class(str(target))
+    except (ImportError, AttributeError, ValueError):  # not importable: instantiate names it
         return None
+    state = cls.state_per_micro_batch(objective) if hasattr(cls, "state_per_micro_batch") else None
     if not state:
         return None
-    return (f"trainer.accumulate={have}: {target.rsplit('.', 1)[-1]} moves {state} once per micro-batch, and this "
-            f"recipe's steps take protocol.micro_batches={want} (e.g. experiment=apao_release; "
+    return (f"trainer.accumulate={have}: {target.rsplit('.', 1)[-1]} moves {state} once per micro-batch, "
+            f"protocol.micro_batches={want} times per step in this recipe (e.g. experiment=apao_release; "
             f"protocol.micro_batches=null to run it anyway, not as the recipe)")
 
 
@@ -316,18 +320,33 @@ class SweepCheck(Callback):
             exit_if_invalid(config if job is None else loader.load_sweep_config(config, job))
 
 
-def main(overrides: list[str]) -> None:
-    """genrec.train's config for `overrides` (hydra.* left out): checked, `ok` or one error line and exit 2."""
+def verdict(overrides: list[str]) -> str:
+    """`ok` or `error: ...` for genrec.train's config of one command line (hydra.* left out)."""
     from hydra import compose, initialize_config_dir
 
     try:
         with initialize_config_dir(str(CONF), version_base="1.3"):
             cfg = compose("config", overrides=[o for o in overrides if not o.lstrip("+~").startswith("hydra.")])
-    except Exception as e:  # a bad override: Hydra's own message names it
-        print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
-        sys.exit(2)
-    exit_if_invalid(cfg)
-    print("ok")
+    except Exception as e:  # a bad override: Hydra's own message names it (and lists a group's options)
+        message = str(e).split("Config search path")[0]
+        return "error: " + " ".join(line.strip() for line in message.splitlines() if line.strip())
+    bad = errors(cfg)
+    return f"error: {bad[0]}" if bad else "ok"
+
+
+def main(args: list[str]) -> None:
+    """One line per command line (`a=1 b=2 -- a=3`: two), `ok` or `error: ...`; exit code 2 if any is bad.
+    Single runs: a `-m` grid's jobs are checked by genrec.train itself."""
+    commands, current = [], []
+    for a in args + ["--"]:
+        if a == "--":
+            commands.append(current)
+            current = []
+        else:
+            current.append(a)
+    lines = [verdict(c) for c in [c for c in commands if c] or [[]]]  # no arguments: the default config
+    print("\n".join(lines))
+    sys.exit(2 if any(line != "ok" for line in lines) else 0)
 
 
 if __name__ == "__main__":

@@ -71,8 +71,8 @@ def evaluate(cfg: DictConfig) -> dict:
     other = "" if ckpt == checkpoint_path(run_dir) else f"-{ckpt.stem}"  # not the run's selected checkpoint
     out = run_dir / "eval" / f"{cfg.split}-beam{cfg.eval.beam}{scoring}{'-full' if cfg.eval.full_rank else ''}{other}.json"
     out.parent.mkdir(exist_ok=True)
-    module.write_ranks(out.with_suffix(".ranks.csv"))  # per user (genrec.report's paired test)
     write_json(out, result)
+    module.write_ranks(out.with_suffix(".ranks.csv"), dm.splits[cfg.split])  # per user: genrec.report's paired test
     return result
 
 

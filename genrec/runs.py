@@ -27,8 +27,7 @@ EXECUTION = ("run_dir", "resume", "data_dir", "tags", "logger", "hydra",
              "trainer.lightning.strategy", "trainer.lightning.enable_progress_bar",
              "backbone.memory", "backbone.memory_users", "backbone.memory_under_autocast", "backbone.lean_users",
              "backbone.lean_under_autocast", "trainer.keep_freed_memory", "trainer.pin_memory",
-             "trainer.validate",  # what validation logs beside the monitored loss (config_check), not the model
-             "protocol.micro_batches")  # what a preset's recipe needs of trainer.accumulate (config_check)
+             "trainer.validate")  # what validation logs beside the monitored loss (config_check), not the model
 
 
 def write_text(path: Path, text: str) -> None:

@@ -226,8 +226,8 @@ def train(cfg: DictConfig, start: float, resume_dir: Path | None, objective_name
         "checkpoint": best, "history": history,
     }
     if trainer.is_global_zero:
-        module.write_ranks(run_dir / "test_ranks.csv")  # before metrics.json: a finished run has both
         write_json(run_dir / "metrics.json", result)
+        module.write_ranks(run_dir / "test_ranks.csv", dm.splits["test"])
         (run_dir / "failed.json").unlink(missing_ok=True)  # a resumed run that once failed
         log_final(trainer.logger, result)
         print_summary(result, data.summary)

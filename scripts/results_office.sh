@@ -73,6 +73,8 @@ ORDER=(tiger-ce-s42 tiger-apao_pointwise-s42 tiger-msl-s42 tiger-bear-s42 tiger-
 
 done_row() { [[ -f $DOCS/$1/metrics.json ]]; }
 args() { sed "s#init_from=@\([^ ]*\)#init_from=$RUNS/\1#" <<< "$BASE ${ROWS[$1]}"; }
+# a row's genrec.train command line (without its run dir)
+train_args() { echo "dataset=apao_office dataset.root=$DATA $(args "$1") trainer.progress_bar=false resume=true"; }
 
 if [[ "${1:-}" == "--list" ]]; then
   for row in "${ORDER[@]}"; do
@@ -90,8 +92,7 @@ row() {
   fi
   if [[ ! -f $run/metrics.json ]]; then
     # shellcheck disable=SC2046
-    timeout $((LIMIT > 0 ? LIMIT : 10 ** 9)) $PY -m genrec.train dataset=apao_office dataset.root="$DATA" $(args "$row") \
-        trainer.progress_bar=false resume=true hydra.run.dir="$run" || {
+    timeout $((LIMIT > 0 ? LIMIT : 10 ** 9)) $PY -m genrec.train $(train_args "$row") hydra.run.dir="$run" || {
       rc=$?; [[ $rc == 124 ]] && { echo "$row: stopped after ${LIMIT}s, resumes next call"; return 0; }; return $rc; }
   fi
   [[ ${FULL_RANK:-1} == 0 ]] || $PY -m genrec.evaluate ckpt="$run" eval.full_rank=true  # exact full ranking: PR@k
@@ -110,12 +111,18 @@ row() {
 rows=("$@"); [[ ${#rows[@]} -gt 0 ]] || rows=("${ORDER[@]}")
 for r in "${rows[@]}"; do
   [[ -n "${ROWS[$r]:-}" ]] || { echo "error: unknown row $r (scripts/results_office.sh --list)" >&2; exit 2; }
-  done_row "$r" && continue
-  # genrec.train's own config check, for every row before any runs (e.g. APAO under apao_release_cpu)
-  # shellcheck disable=SC2046
-  bad=$($PY -m genrec.config_check dataset=apao_office dataset.root="$DATA" $(args "$r") 2>&1 >/dev/null) ||
-    { echo "error: $r: ${bad#error: }" >&2; exit 2; }
 done
+# genrec.train's own config check of every row to train, in one process, before any runs (e.g. APAO under
+# apao_release_cpu): one line per row, ok or error
+todo=(); for r in "${rows[@]}"; do done_row "$r" || todo+=("$r"); done
+if (( ${#todo[@]} )); then
+  checks=(); for r in "${todo[@]}"; do read -ra a <<< "$(train_args "$r")"; checks+=("${a[@]}" --); done
+  mapfile -t verdicts < <($PY -m genrec.config_check "${checks[@]}" 2>/dev/null || true)
+  for i in "${!todo[@]}"; do
+    v=${verdicts[$i]:-"error: no verdict from genrec.config_check (run it by hand)"}
+    [[ $v == ok ]] || { echo "error: ${todo[$i]}: ${v#error: }" >&2; exit 2; }
+  done
+fi
 mkdir -p "$RUNS"
 failed=0
 for wave in first second; do  # rows that start from another row's run come second

@@ -59,9 +59,9 @@ BAD = [  # (overrides, the one line after "error: ")
     (["eval.temperature=0"], "eval.temperature=0: a number > 0, or null"),
     (["trainer.monitor_mode=up"], "trainer.monitor_mode=up: one of max, min"),
     (["experiment=apao_release_cpu", "objective=apao_pointwise"],
-     "trainer.accumulate=2: APAO moves its prefix weights (objective.weights=paper) once per micro-batch, and this "
-     "recipe's steps take protocol.micro_batches=8 (e.g. experiment=apao_release; protocol.micro_batches=null to run "
-     "it anyway, not as the recipe)"),
+     "trainer.accumulate=2: APAO moves its prefix weights (objective.weights=paper) once per micro-batch, "
+     "protocol.micro_batches=8 times per step in this recipe (e.g. experiment=apao_release; protocol.micro_batches=null "
+     "to run it anyway, not as the recipe)"),
     (["trainer.monitor=val/ndgc@10"], "trainer.monitor=val/ndgc@10: val/loss, val/objective_loss, val/recall@k, "
      "val/ndcg@k, val/prefix_recall@m, or with eval.full_rank=true val/full/recall@k, val/full/ndcg@k, "
      "val/pruning_rate@k"),
@@ -141,8 +141,6 @@ def _cli(tmp_path: Path, module: str, *args: str) -> subprocess.CompletedProcess
      "error: trainer.lightning.max_tme: not an argument of lightning.pytorch.Trainer (did you mean max_time?)"),
     ("genrec.prepare", ["experiment=tiny", "dataset.kcore=0"], "error: dataset.kcore=0: an integer >= 1"),
     ("genrec.evaluate", ["ckpt=nowhere", "eval.beam=0"], "error: eval.beam=0: an integer >= 1"),
-    ("genrec.config_check", ["experiment=tiny", "eval.beam=0"], "error: eval.beam=0: an integer >= 1"),
-    ("genrec.config_check", ["objective=nope"], "error: In 'config': Could not find 'objective/nope'"),
     # a sweep stops before its first job: job 0 is fine, job 1 is not
     ("genrec.train", ["-m", "experiment=tiny", "eval.beam=5,2"],
      "error: eval.ks=[1, 5]: a non-empty list of integers from 1 to eval.beam (2)"),
@@ -156,6 +154,16 @@ def test_cli_prints_one_line_and_does_no_work(tmp_path, module, args, line):
     assert not (tmp_path / "sweep").exists() and not (tmp_path / "run" / "checkpoints").exists()
 
 
-def test_config_check_cli_says_ok_for_a_good_command(tmp_path):
-    out = _cli(tmp_path, "genrec.config_check", "experiment=office_cpu", "objective=apao_pointwise", "hydra.run.dir=x")
-    assert (out.returncode, out.stdout, out.stderr) == (0, "ok\n", "")
+def test_config_check_cli_gives_one_verdict_per_command_line(tmp_path):
+    """`python -m genrec.config_check a -- b -- c`: one line each, in order; exit 2 if any is bad; hydra.* ignored."""
+    out = _cli(tmp_path, "genrec.config_check", "experiment=office_cpu", "objective=apao_pointwise", "hydra.run.dir=x",
+               "--", "experiment=apao_release_cpu", "objective=apao_pointwise", "--", "objective=nope", "--",
+               "experiment=tiny", "eval.beam=0")
+    lines = out.stdout.splitlines()
+    assert out.returncode == 2 and len(lines) == 4 and lines[0] == "ok", out.stderr
+    assert lines[1].startswith("error: trainer.accumulate=2: APAO moves its prefix weights")
+    assert lines[2] == ("error: In 'config': Could not find 'objective/nope' Available options in 'objective': apao "
+                        "apao_pairwise apao_pointwise bear ce msl sdpo sdpo_2stage")
+    assert lines[3] == "error: eval.beam=0: an integer >= 1"  # (_cli's data_dir= joins the last command line)
+    ok = _cli(tmp_path, "genrec.config_check", "experiment=office_cpu")
+    assert (ok.returncode, ok.stdout) == (0, "ok\n")

@@ -43,17 +43,19 @@ def test_sign_flip_p_is_the_exact_randomization_p(d):
 
 
 def test_bootstrap_interval_is_the_exact_bootstrap_distributions():
-    d = np.array([0.0, 1.0, 0.0, 1.0, 1.0, -1.0])
-    means = np.array([d[list(i)].mean() for i in itertools.product(range(len(d)), repeat=len(d))])  # all 6^6
-    lo, hi = bootstrap_ci(d, resamples=20_000)
-    assert (lo, hi) == pytest.approx(tuple(np.quantile(means, [0.025, 0.975])), abs=1 / len(d) + 1e-9)
-    assert lo <= d.mean() <= hi
-    assert bootstrap_ci(d, resamples=2_000) == bootstrap_ci(d, resamples=2_000)  # seeded: the page rebuilds equal
+    d = np.array([-1.3, -0.4, 0.0, 0.2, 0.7, 1.1, 2.0])
+    means = np.array(list(itertools.product(d, repeat=len(d)))).mean(1)  # all 7^7 resamples, equally likely
+    exact = np.quantile(means, [0.025, 0.975])
+    assert bootstrap_ci(d, resamples=20_000) == pytest.approx(tuple(exact), abs=0.03)
+    assert np.abs(np.quantile(means, [0.05, 0.95]) - exact).min() > 0.1  # a 90% interval would fail
 
 
-def write_ranks(run, rank, name="test_ranks.csv", users=None):
-    users = range(len(rank)) if users is None else users
-    pd.DataFrame({"user": list(users), "rank": rank}).to_csv(run / name, index=False)
+def write_ranks(run, rank, name="test_ranks.csv", examples=None, users=None):
+    """A ranks file as EvalModule.write_ranks writes it; by default one example per user, item = 1000 + user."""
+    examples = list(range(len(rank))) if examples is None else examples
+    users = examples if users is None else users
+    pd.DataFrame({"example": examples, "user": users, "item": [1000 + u for u in users], "rank": rank}).to_csv(
+        run / name, index=False)
 
 
 def test_report_pairs_each_row_with_its_baseline_over_the_same_users(tmp_path):
@@ -69,13 +71,18 @@ def test_report_pairs_each_row_with_its_baseline_over_the_same_users(tmp_path):
                         {"test/recall@10": 0.05, "eval_score": "full"})
         if obj == "ce":
             write_ranks(run, rank)
+            write_eval(run, 20, True, {})  # a re-evaluation's ranks: test_ranks.csv wins
+            write_ranks(run / "eval", [0] * n, "test-beam20-full.ranks.csv")
         else:  # a run from before test_ranks.csv: its full-rank re-evaluation's; an unknown user last
             write_eval(run, 20, True, {"test/pruning_rate@5": 0.2})
             write_ranks(run / "eval", list(rank[1:]) + [3], "test-beam20-full.ranks.csv", list(range(1, n)) + [n + 5])
+            write_ranks(run / "eval", [0] * n, "test-beam10-full.ranks.csv")  # another beam's: not this run's ranks
+            write_eval(run, 10, True, {})
     write_run(runs / "pairwise-1", "office", "tiger", OBJECTIVES["pairwise"], 1, {"test/recall@10": 0.05})
     (tmp_path / "intro.md").write_text("x\n")
-    s = rep.report([runs], tmp_path / "out", ["recall@10", "ndcg@10"], page=tmp_path / "page.md",
-                   page_intro=tmp_path / "intro.md")
+    (tmp_path / "out").mkdir()
+    s = rep.report([runs], tmp_path / "out", ["recall@10", "ndcg@10", "pruning_rate@5"], page=tmp_path / "page.md",
+                   page_intro=tmp_path / "intro.md")  # PR@k has no per-user beam value: not paired
 
     got = pd.read_csv(tmp_path / "out" / "paired.csv")
     assert list(got.objective) == ["APAO-pointwise", "APAO-pointwise"] and list(got.metric) == ["recall@10", "ndcg@10"]
@@ -94,7 +101,8 @@ def test_report_pairs_each_row_with_its_baseline_over_the_same_users(tmp_path):
     shown = table(section((tmp_path / "page.md").read_text(), "Paired test over users"))
     assert [(r["Objective"], r["vs"], r["Seeds"], r["vs seeds"], r["Users"], r["Metric"]) for r in shown] == [
         ("APAO-pointwise", "CE", "1", "1,2", str(n - 1), "recall@10"), ("APAO-pointwise", "CE", "1", "1,2", str(n - 1), "ndcg@10")]
-    assert shown[0]["Difference"] == f"{got['diff'][0]:+.4f}" and shown[0]["p"] == f"{got.p[0]:.3f}"
+    assert shown[0]["Difference"] == f"{got['diff'][0]:+.4f}" and shown[0]["p"] == "<0.001"
+    assert f"paired test: office/tiger/APAO-pointwise and CE share {n - 1} of {n} / {n} examples" in s["notes"]
 
 
 def test_no_ranks_no_pairs(tmp_path):
@@ -102,6 +110,33 @@ def test_no_ranks_no_pairs(tmp_path):
     for obj in ("ce", "pointwise"):
         write_run(runs / obj, "office", "tiger", OBJECTIVES[obj], 1, {"test/recall@10": 0.05})
     (tmp_path / "intro.md").write_text("x\n")
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "paired.csv").write_text("an earlier report's\n")
     s = rep.report([runs], tmp_path / "out", ["recall@10"], page=tmp_path / "page.md", page_intro=tmp_path / "intro.md")
     assert s["paired"] == [] and not (tmp_path / "out" / "paired.csv").exists()
     assert "No two rows have per-user ranks yet." in section((tmp_path / "page.md").read_text(), "Paired test over users")
+
+
+def test_several_examples_of_a_user_are_one_user_and_other_examples_do_not_pair(tmp_path):
+    """A sliding-window split scores several examples per user: the test's unit is the user (the mean of their
+    examples). An example whose user or held-out item differs between the runs is not the same example."""
+    runs = tmp_path / "runs"
+    ce = write_run(runs / "ce", "office", "tiger", OBJECTIVES["ce"], 1, {"test/recall@10": 0.05})
+    apao = write_run(runs / "apao", "office", "tiger", OBJECTIVES["pointwise"], 1, {"test/recall@10": 0.05})
+    users = [0, 0, 1, 1, 1, 2, 3]
+    write_ranks(ce, [1, 0, 0, 0, 5, 0, 2], examples=list(range(7)), users=users)
+    write_ranks(apao, [1, 1, 0, 3, 0, 0, 2], examples=list(range(7)), users=users[:6] + [4])  # example 6: another user
+    s = rep.report([runs], tmp_path / "out", ["recall@10"])
+    (row,) = s["paired"]
+    assert row["users"] == 3 and row["diff"] == pytest.approx(((1 - 0.5) + (1 / 3 - 1 / 3) + 0) / 3)
+    assert any("share 6 of 7 / 7 examples" in n for n in s["notes"])
+
+
+def test_a_ranks_file_without_a_column_or_a_value_names_itself(tmp_path):
+    run = write_run(tmp_path / "ce", "office", "tiger", OBJECTIVES["ce"], 1, {"test/recall@10": 0.05})
+    (run / "test_ranks.csv").write_text("example,user,rank\n0,0,1\n")
+    with pytest.raises(ValueError, match=f"{run / 'test_ranks.csv'}: no column item"):
+        rep.load_runs([run], 30.0)[0].ranks()
+    (run / "test_ranks.csv").write_text("example,user,item,rank\n0,0,5,\n")
+    with pytest.raises(ValueError, match="empty values in rank"):
+        rep.load_runs([run], 30.0)[0].ranks()

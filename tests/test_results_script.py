@@ -41,7 +41,7 @@ def test_a_row_that_starts_from_another_trains_after_it_and_done_rows_are_skippe
     assert [c[0] for c in calls].count("genrec.report") == 1
 
     out, calls = script(tmp_path, "tiger-apao_pairwise-s43", "tiger-ce-s43", "tiger-msl-s42")
-    assert out.returncode == 0 and trained(calls) == [] and out.stdout.count("skip ") == 3
+    assert out.returncode == 0 and [c[0] for c in calls] == ["genrec.report"] and out.stdout.count("skip ") == 3  # done: not even checked
 
 
 def test_a_row_keeps_the_command_of_its_first_start(tmp_path):
@@ -87,7 +87,9 @@ def test_the_cpu_release_recipe_refuses_apao_rows_before_any_run_and_page_0_skip
     assert out.returncode == 2 and trained(calls) == [], out.stderr
     assert out.stderr.strip().startswith("error: tiger-apao_pointwise-s42: trainer.accumulate=2: APAO moves its "
                                          "prefix weights (objective.weights=paper) once per micro-batch")
+    assert [c[0] for c in calls] == ["genrec.config_check"]  # one check of both rows, before any run
     out, calls = script(tmp_path, "tiger-ce-s42", RECIPE="apao_release_cpu", PAGE="0", FULL_RANK="0")
     assert out.returncode == 0 and trained(calls) == ["tiger-ce-s42"], out.stderr
-    assert "experiment=apao_release_cpu" in calls[0] and "genrec.report" not in [c[0] for c in calls]
+    train = next(c for c in calls if c[0] == "genrec.train")
+    assert "experiment=apao_release_cpu" in train and "genrec.report" not in [c[0] for c in calls]
     assert (tmp_path / "docs" / "results" / "runs" / "apao_release_cpu" / "tiger-ce-s42" / "metrics.json").exists()

@@ -67,7 +67,7 @@ def test_ddp_two_cpu_processes_evaluate_every_user_once(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     m = json.loads((tmp_path / "ddp" / "metrics.json").read_text())
     assert m["test/users"] == 300 and m["val/users"] == 300
-    assert sorted(pd.read_csv(tmp_path / "ddp" / "test_ranks.csv").user) == list(range(300))  # gathered, once each
+    assert list(pd.read_csv(tmp_path / "ddp" / "test_ranks.csv").example) == list(range(300))  # gathered, once each
 
 
 def test_nan_loss_stops_with_a_clear_error(tmp_path):
@@ -117,14 +117,15 @@ def test_evaluate_reproduces_test_metrics_and_reruns_other_beams(tmp_path):
 
     # per user (the report's paired test): the final test's ranks give its metrics, the re-evaluation's are equal
     ranks = pd.read_csv(tmp_path / "run" / "test_ranks.csv")
-    assert list(ranks.columns) == ["user", "rank"] and sorted(ranks.user) == list(range(300))
+    assert list(ranks.columns) == ["example", "user", "item", "rank"] and list(ranks.example) == list(range(300))
+    assert ranks.user.nunique() == 300  # leave-one-out: one test example per user
     rank = torch.as_tensor(ranks["rank"].to_numpy())
     for k in (1, 5):
         assert metrics.per_user(rank, f"recall@{k}").mean().item() == pytest.approx(r[f"test/recall@{k}"], rel=1e-9)
         assert metrics.per_user(rank, f"ndcg@{k}").mean().item() == pytest.approx(r[f"test/ndcg@{k}"], rel=1e-9)
     assert pd.read_csv(tmp_path / "run" / "eval" / "test-beam5.ranks.csv").equals(ranks)
     full = pd.read_csv(tmp_path / "run" / "eval" / "test-beam60-full.ranks.csv")
-    assert list(full.columns) == ["user", "rank", "full_rank"] and full["rank"].min() >= 1  # exact: all returned
+    assert list(full.columns) == ["example", "user", "item", "rank", "full_rank"] and full["rank"].min() >= 1  # exact
     assert (full["full_rank"] == full["rank"].clip(upper=6)).all()  # full ranks beyond max(ks) = 5 read 6
 
 

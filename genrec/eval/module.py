@@ -16,6 +16,7 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
+from genrec.data.datamodule import Examples
 from genrec.runs import write_text
 from genrec.sid.codes import SemanticIds
 from genrec.sid.trie import Trie
@@ -72,14 +73,16 @@ class EvalModule(L.LightningModule):
         self.last_rows[prefix] = rows
         return metrics
 
-    def write_ranks(self, path: Path, prefix: str = "test") -> None:
-        """The last `prefix` evaluation per user, as CSV (atomically): `user` (example index), `rank` (the target's
-        1-based rank in the beam list, 0 = not returned) and with full ranking `full_rank`: what paired
-        comparisons of two runs over the same users need (genrec.report's paired test)."""
+    def write_ranks(self, path: Path, examples: Examples, prefix: str = "test") -> None:
+        """The last `prefix` evaluation of `examples` (the split it scored) per example, as CSV (atomically):
+        `example` (its index), `user`, `item` (the held-out target), `rank` (the target's 1-based rank in the
+        beam list, 0 = not returned) and with full ranking `full_rank`: what a paired comparison of two runs
+        over the same users needs (genrec.report.paired)."""
         rows = self.last_rows[prefix]
-        cols = {"user": rows["index"], "rank": rows["rank"], **({"full_rank": rows["full_rank"]} if "full_rank" in rows else {})}
-        frame = pd.DataFrame({k: v.long().numpy() for k, v in cols.items()}).sort_values("user")
-        write_text(path, frame.to_csv(index=False))
+        index = rows["index"].long().numpy()
+        cols = {"example": index, "user": examples.pairs[index, 0], "item": examples.targets()[index],
+                **{k: rows[k].long().numpy() for k in ("rank", "full_rank") if k in rows}}
+        write_text(path, pd.DataFrame(cols).sort_values("example").to_csv(index=False))
 
     def on_validation_epoch_end(self) -> None:
         self._eval_epoch_end("val")

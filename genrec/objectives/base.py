@@ -54,8 +54,8 @@ class Objective(nn.Module):
 
     @classmethod
     def state_per_micro_batch(cls, cfg: dict) -> str | None:
-        """What training state this objective (config `cfg`) moves once per micro-batch, None if nothing: then
-        an optimizer step is the same however its examples are split into micro-batches (config_check)."""
+        """What training state this objective (config `cfg`) moves once per micro-batch, None if nothing
+        (config_check: a preset reproducing another code's steps must then keep its micro-batches per step)."""
         return None
 
     def setup(self, ctx: TrainContext, backbone: Backbone) -> None:

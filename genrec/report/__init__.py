@@ -74,7 +74,9 @@ def report(runs: Sequence[str | Path], out: str | Path, metrics: Sequence[str] =
         if len(tried) > 1 and v.runs:
             picked = ", ".join(f"{k}={v.flat.get(k)}" for k in varying(tried))
             notes.append(f"{d}/{b}/{lab}: best of {len(tried)} configs on {select or v.runs[0].monitor}: {picked}")
-    pairs = paired(chosen, metrics, split, baseline)
+    pairs, unpaired = paired(chosen, metrics, split, baseline)
+    notes += unpaired
+    (out / "paired.csv").unlink(missing_ok=True)  # an earlier report's
     if len(pairs):
         files.append(out / "paired.csv")
         write_text(files[-1], pairs.to_csv(index=False))

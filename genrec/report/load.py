@@ -113,12 +113,21 @@ class Run:
         return {k: v for e in full for k, v in e.items() if "/" in k} | (self.metrics or {})
 
     def ranks(self, split: str = "test") -> pd.DataFrame | None:
-        """Per user (`user`, `rank`[, `full_rank`]) of the selected checkpoint on `split`: the final test's
-        <split>_ranks.csv, else a re-evaluation's at the run's own beam and scoring (eval/<name>.ranks.csv)."""
+        """Per example (`example`, `user`, `item`, `rank`[, `full_rank`]) of the selected checkpoint on `split`: the
+        final test's <split>_ranks.csv, else a re-evaluation's at the run's own beam and scoring
+        (eval/<name>.ranks.csv); None without one. A file lacking a column or a value is a ValueError naming it."""
         files = [self.path / f"{split}_ranks.csv"] + [f.with_suffix(".ranks.csv") for f, e in self.eval_files(split)
                                                       if self.own_scoring(e)]
         f = next((f for f in files if f.exists()), None)
-        return pd.read_csv(f) if f else None
+        if f is None:
+            return None
+        ranks = pd.read_csv(f)
+        cols = ["example", "user", "item", "rank"]
+        if missing := [c for c in cols if c not in ranks]:
+            raise ValueError(f"{f}: no column {', '.join(missing)} (genrec.eval.module.EvalModule.write_ranks)")
+        if ranks[cols].isna().any().any():
+            raise ValueError(f"{f}: empty values in {', '.join(c for c in cols if ranks[c].isna().any())}")
+        return ranks
 
     @cached_property
     def log(self) -> pd.DataFrame:

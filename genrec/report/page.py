@@ -83,7 +83,7 @@ def paired_rows(pairs: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame([{**_name(r.dataset, r.backbone, r.objective), "vs": r.baseline, "Seeds": seeds(r.seeds),
                           "vs seeds": seeds(r.baseline_seeds), "Users": str(r.users), "Metric": r.metric,
                           "Difference": f"{r.diff:+.4f}", "95% interval": f"[{r.lo:+.4f}, {r.hi:+.4f}]",
-                          "p": f"{r.p:.3f}"} for r in pairs.itertuples()])
+                          "p": f"{r.p:.3f}" if r.p >= 0.001 else "<0.001"} for r in pairs.itertuples()])
 
 
 def write_page(path: Path, intro: str, df: pd.DataFrame, chosen: dict[Cell, Variant],
@@ -106,7 +106,8 @@ def write_page(path: Path, intro: str, df: pd.DataFrame, chosen: dict[Cell, Vari
              "evaluation.", "", markdown(flat(cells(chosen, order, PRUNING, split, baseline))),
              "## Paired test over users", "", f"Each row against {base} of the same backbone and preset on the same "
              f"{split} users: the mean per-user difference (a hit for recall, the NDCG gain), averaged over the seeds "
-             "with per-user ranks (`test_ranks.csv`), its 95% bootstrap interval over users and a two-sided sign-flip "
+             "with per-user ranks (`test_ranks.csv`, or a re-evaluation's `eval/<name>.ranks.csv`), its 95% bootstrap "
+             "interval over users and a two-sided sign-flip "
              "randomization p. It measures the test set's noise for these trained models, not the spread between "
              "seeds, and pairs the seeds listed (any two, also different ones).", "",
              markdown(paired_rows(pairs), 3) if len(pairs) else "No two rows have per-user ranks yet.\n",

@@ -1,10 +1,13 @@
-"""Each row against the baseline row over the same users (a paired test): per user a metric's value (a hit, an
-NDCG gain: genrec.eval.metrics.per_user) from the beam ranks of `<split>_ranks.csv`, averaged over the row's seeds
-that have them; then the mean per-user difference, its 95% bootstrap interval over users and a two-sided
-sign-flip randomization p-value (Smucker, Allan & Carterette, CIKM 2007). It measures the test set's noise for
-these trained models: with one seed per row it says nothing about the variance between seeds."""
+"""Each row against the baseline row over the same users (a paired test). Per example a metric's value (a hit,
+an NDCG gain: genrec.eval.metrics.per_user) from the beam ranks in the runs' ranks files, averaged over the row's
+seeds that have them, then per user (several examples under a sliding-window split); the mean per-user
+difference, its 95% bootstrap interval over users and a two-sided sign-flip randomization p-value (Smucker,
+Allan & Carterette, CIKM 2007). It measures the test set's noise for these trained models: with one seed per
+row it says nothing about the variance between seeds."""
 
 from __future__ import annotations
+
+import re
 
 import numpy as np
 import pandas as pd
@@ -15,6 +18,9 @@ from genrec.report.select import Cell, Variant, baseline_cell
 
 RESAMPLES = 10_000
 CHUNK = 500  # resamples drawn at once (bounds memory: CHUNK x users indices)
+PAIRED = re.compile(r"(recall|ndcg)@\d+")  # the metrics a beam rank gives per example
+COLUMNS = ["dataset", "backbone", "objective", "baseline", "seeds", "baseline_seeds", "users", "metric", "diff", "lo",
+           "hi", "p"]
 
 
 def bootstrap_ci(d: np.ndarray, resamples: int = RESAMPLES, level: float = 0.95, seed: int = 0) -> tuple[float, float]:
@@ -36,36 +42,44 @@ def sign_flip_p(d: np.ndarray, resamples: int = RESAMPLES, seed: int = 0) -> flo
     return (seen + 1) / (resamples + 1)
 
 
-def user_values(v: Variant, metric: str, split: str) -> tuple[pd.Series, list]:
-    """Per user the metric averaged over the variant's runs that have per-user ranks (users all of them have),
-    and those runs' seeds."""
-    cols, seeds = [], []
-    for r in v.runs:
-        if (ranks := r.ranks(split)) is not None:
-            value = per_user(torch.as_tensor(ranks["rank"].to_numpy()), metric).numpy()
-            cols.append(pd.Series(value, index=ranks["user"].to_numpy()))
-            seeds.append(r.seed)
-    return (pd.concat(cols, axis=1, join="inner").mean(1) if cols else pd.Series(dtype=float)), seeds
+def seed_ranks(v: Variant, split: str) -> tuple[pd.DataFrame | None, list]:
+    """The variant's runs' beam ranks side by side, one column per seed, on the examples all of them scored
+    (index: example, user, item), and those seeds."""
+    found = [(r.seed, ranks) for r in v.runs if (ranks := r.ranks(split)) is not None]
+    if not found:
+        return None, []
+    cols = [ranks.set_index(["example", "user", "item"])["rank"].rename(seed) for seed, ranks in found]
+    return pd.concat(cols, axis=1, join="inner"), [seed for seed, _ in found]
 
 
-def paired(chosen: dict[Cell, Variant], metrics: list[str], split: str, baseline: str) -> pd.DataFrame:
-    """One row per (row with per-user ranks, metric): its mean per-user difference from the baseline row, the
-    95% interval and p; empty when no two rows have them."""
-    out = []
+def user_means(ranks: pd.DataFrame, metric: str) -> pd.Series:
+    """Per example the metric averaged over the seed columns, then averaged per user."""
+    value = np.mean([per_user(torch.as_tensor(ranks[c].to_numpy()), metric).numpy() for c in ranks], axis=0)
+    return pd.Series(value, index=ranks.index).groupby(level="user").mean()
+
+
+def paired(chosen: dict[Cell, Variant], metrics: list[str], split: str, baseline: str) -> tuple[pd.DataFrame, list]:
+    """One row per (row with ranks, recall/NDCG metric): its mean per-user difference from the baseline row, the
+    95% interval and p; and notes on what could not be paired."""
+    out, notes = [], []
+    loaded = {c: seed_ranks(v, split) for c, v in chosen.items()}
     for cell in sorted(chosen):
         base = baseline_cell(chosen, cell, baseline)
-        if base is None or base == cell:
+        (x, seeds), (x0, seeds0) = loaded[cell], loaded.get(base, (None, []))
+        if x is None or base is None or base == cell:
             continue
-        for m in metrics:
-            x, seeds = user_values(chosen[cell], m, split)
-            x0, seeds0 = user_values(chosen[base], m, split)
-            both = x.index.intersection(x0.index)
-            if not len(both):
-                continue
-            d = (x[both] - x0[both]).to_numpy()
+        name = "/".join(cell)
+        if x0 is None:
+            notes.append(f"paired test: {name} has per-user ranks, {base[2]} has none")
+            continue
+        both = x.index.intersection(x0.index)  # the same example, user and held-out item
+        if len(both) < max(len(x), len(x0)):
+            notes.append(f"paired test: {name} and {base[2]} share {len(both)} of {len(x)} / {len(x0)} examples")
+        if not len(both):
+            continue
+        for m in [m for m in metrics if PAIRED.fullmatch(m)]:
+            d = (user_means(x.loc[both], m) - user_means(x0.loc[both], m)).to_numpy()
             lo, hi = bootstrap_ci(d)
-            out.append({"dataset": cell[0], "backbone": cell[1], "objective": cell[2], "baseline": base[2],
-                        "seeds": seeds, "baseline_seeds": seeds0, "users": len(both), "metric": m,
-                        "diff": float(d.mean()), "lo": lo, "hi": hi, "p": sign_flip_p(d)})
-    return pd.DataFrame(out, columns=["dataset", "backbone", "objective", "baseline", "seeds", "baseline_seeds",
-                                      "users", "metric", "diff", "lo", "hi", "p"])
+            out.append(dict(zip(COLUMNS, [*cell, base[2], seeds, seeds0, len(d), m, float(d.mean()), lo, hi,
+                                          sign_flip_p(d)])))
+    return pd.DataFrame(out, columns=COLUMNS), notes
