@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The runs behind docs/results/office.md (APAO's Office rows, BEAR's pruning effect), one run per row, under one
 # of two recipes, resumable, and skipped once its summary is committed:
-#   scripts/results_office.sh --list                   # rows and whether each is done
+#   scripts/results_office.sh --list                   # rows and whether each is done (no: its config error)
 #   scripts/results_office.sh                          # every missing row (RECIPE=office_cpu: ~1 h per TIGER row on
 #                                                      # 2 cores; Llama ~2.5x per epoch: benchmarks/training.py)
 #   scripts/results_office.sh tiger-ce-s43             # just these rows
@@ -76,8 +76,21 @@ args() { sed "s#init_from=@\([^ ]*\)#init_from=$RUNS/\1#" <<< "$BASE ${ROWS[$1]}
 # a row's genrec.train command line (without its run dir)
 train_args() { echo "dataset=apao_office dataset.root=$DATA $(args "$1") trainer.progress_bar=false resume=true"; }
 
+# genrec.train's own config check of rows not done yet, in one process: VERDICT[row] = ok | error: ...
+declare -A VERDICT=()
+check_rows() {
+  local todo=() checks=() verdicts=() a r i
+  for r in "$@"; do done_row "$r" || todo+=("$r"); done
+  (( ${#todo[@]} )) || return 0
+  for r in "${todo[@]}"; do read -ra a <<< "$(train_args "$r")"; checks+=("${a[@]}" --); done
+  mapfile -t verdicts < <($PY -m genrec.config_check "${checks[@]}" 2>/dev/null || true)
+  for i in "${!todo[@]}"; do VERDICT[${todo[$i]}]=${verdicts[$i]:-"error: no verdict from genrec.config_check"}; done
+}
+
 if [[ "${1:-}" == "--list" ]]; then
+  check_rows "${ORDER[@]}"
   for row in "${ORDER[@]}"; do
+    if [[ ${VERDICT[$row]:-ok} != ok ]]; then printf '%-40s %-5s %s\n' "$row" "no" "${VERDICT[$row]}"; continue; fi
     printf '%-40s %-5s %s\n' "$row" "$(done_row "$row" && echo done || echo -)" "$(args "$row")"
   done
   exit 0
@@ -112,17 +125,11 @@ rows=("$@"); [[ ${#rows[@]} -gt 0 ]] || rows=("${ORDER[@]}")
 for r in "${rows[@]}"; do
   [[ -n "${ROWS[$r]:-}" ]] || { echo "error: unknown row $r (scripts/results_office.sh --list)" >&2; exit 2; }
 done
-# genrec.train's own config check of every row to train, in one process, before any runs (e.g. APAO under
-# apao_release_cpu): one line per row, ok or error
-todo=(); for r in "${rows[@]}"; do done_row "$r" || todo+=("$r"); done
-if (( ${#todo[@]} )); then
-  checks=(); for r in "${todo[@]}"; do read -ra a <<< "$(train_args "$r")"; checks+=("${a[@]}" --); done
-  mapfile -t verdicts < <($PY -m genrec.config_check "${checks[@]}" 2>/dev/null || true)
-  for i in "${!todo[@]}"; do
-    v=${verdicts[$i]:-"error: no verdict from genrec.config_check (run it by hand)"}
-    [[ $v == ok ]] || { echo "error: ${todo[$i]}: ${v#error: }" >&2; exit 2; }
-  done
-fi
+check_rows "${rows[@]}"  # every row to train, before any runs (e.g. APAO under apao_release_cpu)
+for r in "${rows[@]}"; do
+  v=${VERDICT[$r]:-ok}
+  [[ $v == ok ]] || { echo "error: $r: ${v#error: }" >&2; exit 2; }
+done
 mkdir -p "$RUNS"
 failed=0
 for wave in first second; do  # rows that start from another row's run come second

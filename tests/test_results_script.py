@@ -93,3 +93,16 @@ def test_the_cpu_release_recipe_refuses_apao_rows_before_any_run_and_page_0_skip
     train = next(c for c in calls if c[0] == "genrec.train")
     assert "experiment=apao_release_cpu" in train and "genrec.report" not in [c[0] for c in calls]
     assert (tmp_path / "docs" / "results" / "runs" / "apao_release_cpu" / "tiger-ce-s42" / "metrics.json").exists()
+
+
+def test_list_says_which_rows_are_done_and_which_the_config_check_refuses(tmp_path):
+    done = tmp_path / "docs" / "results" / "runs" / "apao_release_cpu" / "tiger-ce-s42"
+    done.mkdir(parents=True)
+    (done / "metrics.json").write_text("{}")
+    out, calls = script(tmp_path, "--list", RECIPE="apao_release_cpu")
+    state = {line.split()[0]: line.split()[1] for line in out.stdout.splitlines()}
+    assert out.returncode == 0 and state["tiger-ce-s42"] == "done" and state["tiger-msl-s42"] == "-"
+    assert state["tiger-apao_pointwise-s42"] == state["llama-apao_pointwise-s43"] == "no"
+    assert "no    error: trainer.accumulate=2: APAO moves" in out.stdout
+    assert [c[0] for c in calls] == ["genrec.config_check"]  # one process for every row not done
+    assert "objective=ce" not in calls[0][:calls[0].index("--")]  # the done CE s42 row is not checked
