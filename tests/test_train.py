@@ -136,7 +136,8 @@ def test_evaluating_another_checkpoint_of_a_run_keeps_the_selected_ones_file(tmp
     evaluate_tiny(tmp_path, f"{tmp_path}/run")
     evaluate_tiny(tmp_path, f"{tmp_path}/run/checkpoints/last.ckpt")
     out = tmp_path / "run" / "eval"
-    assert sorted(p.name for p in out.iterdir()) == ["test-beam5-last.json", "test-beam5.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["test-beam5-last.json", "test-beam5-last.ranks.csv",
+                                                     "test-beam5.json", "test-beam5.ranks.csv"]
     assert json.loads((out / "test-beam5.json").read_text())["checkpoint"].endswith("best.ckpt")
     assert json.loads((out / "test-beam5-last.json").read_text())["checkpoint"].endswith("last.ckpt")
 
