@@ -152,6 +152,17 @@ def test_cli_prints_one_line_and_does_no_work(tmp_path, module, args, line):
     assert out.stderr == line + "\n"
     assert not (tmp_path / "data").exists()  # no data-stage work
     assert not (tmp_path / "sweep").exists() and not (tmp_path / "run" / "checkpoints").exists()
+    if module == "genrec.train":  # no run dir left for a report to list as running, then failed
+        assert not (tmp_path / "run").exists()
+
+
+def test_a_refused_command_keeps_a_run_dir_that_holds_a_run(tmp_path):
+    """A bad override on an existing run's dir (e.g. a resume) removes nothing of it."""
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "metrics.json").write_text("{}")
+    out = _cli(tmp_path, "genrec.train", "experiment=tiny", "eval.beam=0", f"hydra.run.dir={run}")
+    assert out.returncode == 2 and (run / "metrics.json").exists() and (run / "checkpoints").is_dir()
 
 
 def test_config_check_cli_gives_one_verdict_per_command_line(tmp_path):
