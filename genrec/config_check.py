@@ -14,9 +14,10 @@ from __future__ import annotations
 import difflib
 import inspect
 import re
+import shutil
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from hydra.experimental.callback import Callback
 from hydra.utils import get_class, get_method
@@ -291,12 +292,27 @@ def check(cfg: DictConfig) -> None:
 
 
 def exit_if_invalid(cfg: DictConfig) -> None:
-    """The entry points' first step: one line on stderr and exit code 2, no traceback."""
+    """The entry points' first step: one line on stderr and exit code 2, no traceback, no run dir left."""
     try:
         check(cfg)
     except ConfigError as e:
+        _forget_run_dir()
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+
+
+def _forget_run_dir() -> None:
+    """Remove the run dir Hydra made for a refused single run if it holds only Hydra's own files (.hydra/,
+    <job>.log), so no report lists it as a running, later failed, run. A dir holding anything else is kept."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized() or HydraConfig.get().mode == RunMode.MULTIRUN:
+        return
+    hydra = HydraConfig.get()
+    out = Path(hydra.runtime.output_dir)
+    if out.is_dir() and all(p.name in (".hydra", f"{hydra.job.name}.log") for p in out.iterdir()):
+        shutil.rmtree(out, ignore_errors=True)
 
 
 class SweepCheck(Callback):
@@ -320,13 +336,23 @@ class SweepCheck(Callback):
             exit_if_invalid(config if job is None else loader.load_sweep_config(config, job))
 
 
-def verdict(overrides: list[str]) -> str:
-    """`ok` or `error: ...` for genrec.train's config of one command line (hydra.* left out)."""
+def compose_command(overrides: Sequence[str]) -> DictConfig:
+    """genrec.train's config for a command line's overrides (hydra.* left out), unresolved; Hydra's exception
+    when it does not compose. Inside a Hydra app (python -m genrec.report) conf/ is already its config path."""
     from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
 
+    args = [o for o in overrides if not o.lstrip("+~").startswith("hydra.")]
+    if GlobalHydra.instance().is_initialized():
+        return compose("config", overrides=args)
+    with initialize_config_dir(str(CONF), version_base="1.3"):
+        return compose("config", overrides=args)
+
+
+def verdict(overrides: list[str]) -> str:
+    """`ok` or `error: ...` for genrec.train's config of one command line."""
     try:
-        with initialize_config_dir(str(CONF), version_base="1.3"):
-            cfg = compose("config", overrides=[o for o in overrides if not o.lstrip("+~").startswith("hydra.")])
+        cfg = compose_command(overrides)
     except Exception as e:  # a bad override: Hydra's own message names it (and lists a group's options)
         message = str(e).split("Config search path")[0]
         return "error: " + " ".join(line.strip() for line in message.splitlines() if line.strip())

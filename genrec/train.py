@@ -17,7 +17,6 @@ import csv
 import io
 import os
 import resource
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -31,7 +30,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from genrec.callbacks import Checkpoints
-from genrec.config_check import ConfigError, check
+from genrec.config_check import check, exit_if_invalid
 from genrec.data.datamodule import SeqDataModule
 from genrec.data.readers.common import DataError
 from genrec.lit import GenRec, NonFiniteLoss
@@ -295,13 +294,6 @@ def print_summary(r: dict, data: dict) -> None:
     print("\n".join(lines))
 
 
-def forget_unused_run_dir(run_dir: Path) -> None:
-    """Remove the run dir Hydra made for a command refused before any work (only its .hydra/ and train.log in
-    it), so no report lists it as a running, later failed, run. A dir holding anything else is kept."""
-    if run_dir.is_dir() and all(p.name in (".hydra", "train.log") for p in run_dir.iterdir()):
-        shutil.rmtree(run_dir, ignore_errors=True)
-
-
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> float | None:
     from hydra.core.hydra_config import HydraConfig
@@ -309,12 +301,7 @@ def main(cfg: DictConfig) -> float | None:
 
     sweep = HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
     if not sweep:  # a sweep's jobs: checked up front (grids) or by run(), failing only that job
-        try:
-            check(cfg)
-        except ConfigError as e:
-            forget_unused_run_dir(Path(cfg.run_dir))
-            print(f"error: {e}", file=sys.stderr)
-            sys.exit(2)
+        exit_if_invalid(cfg)
     try:
         result = run(cfg)
     except BaseException as e:

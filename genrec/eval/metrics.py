@@ -36,12 +36,12 @@ def per_user(rank: torch.Tensor, name: str) -> torch.Tensor:
 
 def recall(rank: torch.Tensor, k: int) -> float:
     """Recall@k: share of users whose target is in the top k."""
-    return per_user(rank, f"recall@{k}").mean().item()
+    return hits(rank, k).double().mean().item()
 
 
 def ndcg(rank: torch.Tensor, k: int) -> float:
     """NDCG@k with one relevant item: the mean of `ndcg_gain`."""
-    return per_user(rank, f"ndcg@{k}").mean().item()
+    return ndcg_gain(rank, k).mean().item()
 
 
 def prefix_recall(prefix_hit: torch.Tensor) -> list[float]:

@@ -18,12 +18,12 @@ import pandas as pd
 import yaml
 from omegaconf import OmegaConf
 
+from genrec.config_check import compose_command
 from genrec.runs import EXECUTION, flatten, listed, moved_targets, with_added
 
 # Config keys that do not define the experiment (seeds are averaged; the rest: where and how a run executes).
 IGNORED = ("seed", "init_from", *EXECUTION)
 BOOKKEEPING = ("run_dir", "logger", "hydra")  # where this run wrote, not what it ran (and ${hydra:...} interpolations)
-CONF = Path(__file__).resolve().parents[2] / "conf"
 SKIP_DIRS = {".hydra", "checkpoints", "logs", "eval", "wandb", ".git", ".venv", "__pycache__", "data"}
 BACKBONE_NAMES = {"tiger": "TIGER", "llama": "Llama"}
 
@@ -182,15 +182,8 @@ def overrides_of(path: Path) -> list[str] | None:
 @cache
 def composed(overrides: tuple[str, ...]) -> dict | None:
     """The config this genrec composes for a command line, unresolved; None when it no longer composes."""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    args = [o for o in overrides if not o.lstrip("+~").startswith("hydra.")]
     try:
-        if GlobalHydra.instance().is_initialized():  # inside a Hydra app (python -m genrec.report): conf/ is its path
-            return OmegaConf.to_container(compose("config", overrides=args), resolve=False)
-        with initialize_config_dir(str(CONF), version_base="1.3"):
-            return OmegaConf.to_container(compose("config", overrides=args), resolve=False)
+        return OmegaConf.to_container(compose_command(overrides), resolve=False)
     except Exception:
         return None
 
