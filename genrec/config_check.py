@@ -147,7 +147,7 @@ def _ks_within_beam(cfg: DictConfig) -> str | None:
     return None
 
 
-MONITOR = re.compile(r"val/(?:loss|objective_loss|(?P<full>full/)?(?:recall|ndcg)@(?P<k>\d+)"
+MONITOR = re.compile(r"val/(?:(?P<loss>loss|objective_loss|last_batch_loss@[1-9]\d*)|(?P<full>full/)?(?:recall|ndcg)@(?P<k>\d+)"
                      r"|prefix_recall@\d+|pruning_rate@(?P<pk>\d+)|(?P<users>users))")
 
 
@@ -158,11 +158,12 @@ def _monitor_is_logged(cfg: DictConfig) -> str | None:
         return None
     m = MONITOR.fullmatch(str(monitor))
     if not m:
-        return (f"trainer.monitor={monitor}: val/loss, val/objective_loss, val/recall@k, val/ndcg@k, "
-                f"val/prefix_recall@m, or with eval.full_rank=true val/full/recall@k, val/full/ndcg@k, val/pruning_rate@k")
-    if _get(cfg, "trainer.validate") == "loss" and not (m["users"] or monitor in ("val/loss", "val/objective_loss")):
-        return (f"trainer.monitor={monitor}: trainer.validate=loss logs only val/loss, val/objective_loss and "
-                "val/users (monitor one of them, or trainer.validate=beam)")
+        return (f"trainer.monitor={monitor}: val/loss, val/objective_loss, val/last_batch_loss@B, val/recall@k, "
+                f"val/ndcg@k, val/prefix_recall@m, or with eval.full_rank=true val/full/recall@k, val/full/ndcg@k, "
+                f"val/pruning_rate@k")
+    if _get(cfg, "trainer.validate") == "loss" and not (m["users"] or m["loss"]):
+        return (f"trainer.monitor={monitor}: trainer.validate=loss logs only val/loss, val/objective_loss, "
+                "val/last_batch_loss@B and val/users (monitor one of them, or trainer.validate=beam)")
     k = m["k"] or m["pk"]
     if k and isinstance(ks, list) and int(k) not in ks:
         return f"trainer.monitor={monitor}: a logged validation metric, @k with k in eval.ks ({_show(ks)})"

@@ -7,6 +7,7 @@ objective sees it (S-DPO's frozen reference is a copy of it).
 from __future__ import annotations
 
 import math
+import re
 import time
 
 import torch
@@ -21,6 +22,12 @@ from genrec.runs import load_backbone_state
 
 class NonFiniteLoss(FloatingPointError):
     pass
+
+
+def last_batch_size(monitor: str) -> int | None:
+    """B of `trainer.monitor=val/last_batch_loss@B` (the APAO release's model selection), else None."""
+    m = re.fullmatch(r"val/last_batch_loss@(\d+)", str(monitor))
+    return int(m[1]) if m else None
 
 
 class GenRec(EvalModule):
@@ -40,6 +47,7 @@ class GenRec(EvalModule):
         # resume from a checkpoint written before genrec counted them)
         self.train_seconds: float | None = 0.0
         self._epoch_start: float | None = None
+        self._last_batch_loss = float("nan")  # val/last_batch_loss@B, set by validation_step
 
     # ---- training -------------------------------------------------------------------
     def on_train_epoch_start(self) -> None:
@@ -98,9 +106,25 @@ class GenRec(EvalModule):
         if self.cfg.trainer.monitor == "val/objective_loss":  # the APAO release selects on its training loss
             loss, _ = self.objective(batch, self.backbone)
             self._rows[-1]["objective_loss"] = loss.detach().float().expand(len(batch["index"]))
+        if batch_idx == 0 and (size := last_batch_size(self.cfg.trainer.monitor)):
+            self._last_batch_loss = self._loss_of_last_batch(size)
+
+    def _loss_of_last_batch(self, size: int) -> float:
+        """The objective's loss on ONE batch: the validation examples (in file order) that a sequential loader
+        of `size` per batch puts last. The APAO release selects and stops early on that value (its
+        CustomTrainer reads `model.total_loss` after the evaluation loop: the last forward's, e.g. the last 41
+        of 4905 users at per_device_eval_batch_size=128). Every DDP rank computes the same value."""
+        valid = self.trainer.datamodule.splits["valid"]
+        n = len(valid)
+        batch = valid[list(range((n - 1) // size * size, n))]
+        loss, _ = self.objective({k: v.to(self.device) for k, v in batch.items()}, self.backbone)
+        return float(loss)
 
     def on_validation_epoch_end(self) -> None:
-        metrics = self._eval_epoch_end("val")
+        extra = {}
+        if size := last_batch_size(self.cfg.trainer.monitor):
+            extra[f"last_batch_loss@{size}"] = self._last_batch_loss
+        metrics = self._eval_epoch_end("val", extra)
         if not self.trainer.sanity_checking:
             self.history.append({"epoch": self.current_epoch, **metrics, "seconds": round(self.elapsed(), 1)})
 

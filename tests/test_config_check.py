@@ -62,13 +62,18 @@ BAD = [  # (overrides, the one line after "error: ")
      "trainer.accumulate=2: APAO moves its prefix weights (objective.weights=paper) once per micro-batch, "
      "protocol.micro_batches=8 times per step in this recipe (e.g. experiment=apao_release; protocol.micro_batches=null "
      "to run it anyway, not as the recipe)"),
-    (["trainer.monitor=val/ndgc@10"], "trainer.monitor=val/ndgc@10: val/loss, val/objective_loss, val/recall@k, "
-     "val/ndcg@k, val/prefix_recall@m, or with eval.full_rank=true val/full/recall@k, val/full/ndcg@k, "
-     "val/pruning_rate@k"),
+    (["trainer.monitor=val/ndgc@10"], "trainer.monitor=val/ndgc@10: val/loss, val/objective_loss, "
+     "val/last_batch_loss@B, val/recall@k, val/ndcg@k, val/prefix_recall@m, or with eval.full_rank=true "
+     "val/full/recall@k, val/full/ndcg@k, val/pruning_rate@k"),
+    (["trainer.monitor=val/last_batch_loss@0", "trainer.monitor_mode=min"], "trainer.monitor=val/last_batch_loss@0: "
+     "val/loss, val/objective_loss, val/last_batch_loss@B, val/recall@k, val/ndcg@k, val/prefix_recall@m, or with "
+     "eval.full_rank=true val/full/recall@k, val/full/ndcg@k, val/pruning_rate@k"),
     (["trainer.monitor=val/objective_loss"],
      "trainer.monitor_mode=max: val/objective_loss is minimised (use min)"),
+    (["trainer.monitor=val/last_batch_loss@128"],
+     "trainer.monitor_mode=max: val/last_batch_loss@128 is minimised (use min)"),
     (["trainer.validate=loss"], "trainer.monitor=val/ndcg@10: trainer.validate=loss logs only val/loss, "
-     "val/objective_loss and val/users (monitor one of them, or trainer.validate=beam)"),
+     "val/objective_loss, val/last_batch_loss@B and val/users (monitor one of them, or trainer.validate=beam)"),
     (["trainer.validate=metrics"], "trainer.validate=metrics: one of beam, loss"),
     (["trainer.monitor=val/full/recall@10"],
      "trainer.monitor=val/full/recall@10: logged only with eval.full_rank=true"),

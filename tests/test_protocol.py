@@ -74,6 +74,33 @@ def test_objective_loss_with_end_token_averages_over_eos_too(tmp_path):
     assert h["objective_loss"] != pytest.approx(h["loss"], rel=1e-3)  # T + 1 tokens, not T
 
 
+@pytest.mark.parametrize("split", ["partial", "whole"])
+def test_selection_on_the_last_validation_batch_as_the_release(tmp_path, split):
+    """val/last_batch_loss@B: the objective's loss on the examples a sequential loader of B per batch puts
+    last (the APAO release selects on it), checked against each example's teacher-forced CE on the final
+    weights (CE without eos: the objective is their mean), and selection follows it."""
+    probe = config(tmp_path / "probe")
+    n = len(SeqDataModule(*_data(probe), 1, 1, 0).splits["valid"])
+    size = n // 3 + 1 if split == "partial" else n
+    assert split == "whole" or n % size, "the last batch must be a partial one"
+    cfg = config(tmp_path, "trainer.max_epochs=3", f"trainer.monitor=val/last_batch_loss@{size}",
+                 "trainer.monitor_mode=min", "trainer.validate=loss", "objective.end_token=false",
+                 "trainer.patience=1")
+    r = run(cfg)
+    losses = [h[f"last_batch_loss@{size}"] for h in r["history"]]
+    assert r["best_epoch"] == r["history"][losses.index(min(losses))]["epoch"]
+    module, dm = _module(cfg)
+    final = torch.load(Path(cfg.run_dir) / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    module.load_state_dict(final["state_dict"])
+    module.eval()
+    per_example = module.evaluator.losses(module.backbone, dm.splits["valid"][list(range(n))])["loss"]
+    start = (n - 1) // size * size
+    assert start == (n // size) * size if split == "partial" else start == 0
+    assert losses[-1] == pytest.approx(float(per_example[start:].mean()), rel=1e-5)
+    if split == "partial":
+        assert losses[-1] != pytest.approx(float(per_example.mean()), rel=1e-3)  # not the whole split's
+
+
 def test_bad_monitor_mode_is_one_clear_error_before_any_work(tmp_path):
     from genrec.config_check import ConfigError
 
@@ -83,12 +110,17 @@ def test_bad_monitor_mode_is_one_clear_error_before_any_work(tmp_path):
 
 
 # ---- the release's gradient clipping -------------------------------------------------------
-def _module(cfg) -> tuple[GenRec, SeqDataModule]:
+def _data(cfg) -> tuple:
     data = prepare(cfg, log=lambda m: None)
+    return data.seq, data.sids, cfg.dataset.max_history
+
+
+def _module(cfg) -> tuple[GenRec, SeqDataModule]:
+    seq, sids, max_history = _data(cfg)
     t = cfg.trainer
-    dm = SeqDataModule(data.seq, data.sids, cfg.dataset.max_history, t.batch_size, t.eval_batch_size, cfg.seed)
+    dm = SeqDataModule(seq, sids, max_history, t.batch_size, t.eval_batch_size, cfg.seed)
     L.seed_everything(cfg.seed, verbose=False)
-    return GenRec(cfg, data.sids, dm.item_counts(), steps_per_epoch=100), dm
+    return GenRec(cfg, sids, dm.item_counts(), steps_per_epoch=100), dm
 
 
 def _reference(module: GenRec, batches: list[dict], accumulate: int, clip: float, divide: bool) -> GenRec:

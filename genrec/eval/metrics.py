@@ -12,7 +12,7 @@ def lower_is_better(name: str) -> bool:
     """Direction of a logged metric (`val/loss`, `val/ndcg@10`, ...): losses and pruning rates are
     minimised, recall / NDCG / prefix recall maximised."""
     leaf = name.rsplit("/", 1)[-1]
-    return leaf.endswith("loss") or leaf.startswith("pruning_rate@")
+    return leaf.split("@")[0].endswith("loss") or leaf.startswith("pruning_rate@")
 
 
 def hits(rank: torch.Tensor, k: int) -> torch.Tensor:

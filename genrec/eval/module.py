@@ -63,10 +63,12 @@ class EvalModule(L.LightningModule):
         _, first = unique_first(rows["index"])
         return {k: v[first].cpu() for k, v in rows.items()}
 
-    def _eval_epoch_end(self, prefix: str) -> dict[str, float]:
+    def _eval_epoch_end(self, prefix: str, extra: dict[str, float] | None = None) -> dict[str, float]:
+        """Summarise the gathered rows, plus `extra` values every rank computed alike; log them."""
         rows = self._gather_rows()
         metrics = self.evaluator.summarize(rows)
         metrics["users"] = float(len(rows["index"]))
+        metrics.update(extra or {})
         # Every rank holds the same gathered rows, so no further reduction is needed.
         self.log_dict({f"{prefix}/{k}": float(v) for k, v in metrics.items()}, sync_dist=False)
         self.last_metrics[prefix] = metrics
