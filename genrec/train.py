@@ -284,7 +284,7 @@ def print_summary(r: dict, data: dict) -> None:
         f"training  {r['epochs']} epochs, best epoch {r['best_epoch']}, wall time {r['seconds']:.1f}s",
         "metric        " + "".join(f"{k:>11}" for k in keys),
         *(["valid (best)  " + "".join(f"{r['val/' + k]:>11.4f}" for k in keys)] if all(f"val/{k}" in r for k in keys)
-          else [f"valid (best)  {t}: {r[t]:.4f}" for t in ("val/loss", "val/objective_loss") if t in r]),
+          else [f"valid (best)  {t}: {r[t]:.4f}" for t in r if t.startswith("val/") and t.split("@")[0].endswith("loss")]),
         "test          " + "".join(f"{r.get('test/' + k, float('nan')):>11.4f}" for k in keys),
     ]
     prefix = [f"{r[k]:.3f}" for k in sorted(r) if k.startswith("test/prefix_recall@")]

@@ -89,6 +89,8 @@ def test_selection_on_the_last_validation_batch_as_the_release(tmp_path, split):
     r = run(cfg)
     losses = [h[f"last_batch_loss@{size}"] for h in r["history"]]
     assert r["best_epoch"] == r["history"][losses.index(min(losses))]["epoch"]
+    assert r[f"val/last_batch_loss@{size}"] == min(losses)
+    assert torch.load(r["checkpoint"], map_location="cpu", weights_only=False)["epoch"] == r["best_epoch"]
     module, dm = _module(cfg)
     final = torch.load(Path(cfg.run_dir) / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
     module.load_state_dict(final["state_dict"])
