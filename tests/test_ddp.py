@@ -84,6 +84,38 @@ def test_gloo_ddp_more_ranks_than_batches_evaluates_every_user_once(tmp_path, va
     assert one["test/loss"] == pytest.approx(m["test/loss"], rel=1e-4)  # other batches: other padding
 
 
+def test_gloo_ddp_selects_on_the_release_last_validation_batch(tmp_path):
+    """trainer.monitor=val/last_batch_loss@128 under 2 gloo processes (experiment=apao_release_cpu's shape): every
+    rank scores the same last batch (users 256-299 of 300, in file order), so the logged value is that batch's
+    loss on the final weights, as one process computes it from each user's teacher-forced CE."""
+    from genrec.data.datamodule import SeqDataModule
+    from genrec.eval.module import EvalModule
+    from genrec.prepare import prepare
+    from genrec.runs import load_backbone_state, run_config
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    run_dir, data_dir = tmp_path / "run", tmp_path / "data"
+    out = subprocess.run([sys.executable, "-m", "genrec.train", "experiment=tiny", "trainer=ddp",
+                          "trainer.accelerator=cpu", "trainer.devices=2", "trainer.precision=32-true",
+                          "trainer.max_epochs=2", "trainer.validate=loss", "objective.end_token=false",
+                          "trainer.monitor=val/last_batch_loss@128", "trainer.monitor_mode=min",
+                          f"hydra.run.dir={run_dir}", f"data_dir={data_dir}"],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    m = json.loads((run_dir / "metrics.json").read_text())
+    assert m["processes"] == 2 and len(m["history"]) == 2
+    cfg = run_config(run_dir / "config.yaml")
+    cfg.data_dir = str(data_dir)
+    data = prepare(cfg, log=lambda m: None)
+    valid = SeqDataModule(data.seq, data.sids, cfg.dataset.max_history, 1, 1, cfg.seed).splits["valid"]
+    assert len(valid) == 300
+    module = EvalModule(cfg, data.sids)
+    module.backbone.load_state_dict(load_backbone_state(run_dir / "checkpoints" / "last.ckpt"))
+    module.eval()
+    ce = module.evaluator.losses(module.backbone, valid[list(range(300))])["loss"]
+    assert m["history"][-1]["last_batch_loss@128"] == pytest.approx(float(ce[256:].mean()), rel=1e-5)
+
+
 def test_schedule_spans_the_steps_lightning_takes(tmp_path, monkeypatch):
     """devices=auto, gradient accumulation and a batch limit: the schedule's length is the
     number of optimizer steps the fit takes (2 epochs x 4 / 2)."""
