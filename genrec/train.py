@@ -33,6 +33,7 @@ from genrec.callbacks import Checkpoints
 from genrec.config_check import check, exit_if_invalid
 from genrec.data.datamodule import SeqDataModule
 from genrec.data.readers.common import DataError
+from genrec.eval.metrics import is_loss
 from genrec.lit import GenRec, NonFiniteLoss
 from genrec.loggers import close_wandb, forget_wandb_run, log_final
 from genrec.malloc import keep_freed_memory
@@ -284,7 +285,7 @@ def print_summary(r: dict, data: dict) -> None:
         f"training  {r['epochs']} epochs, best epoch {r['best_epoch']}, wall time {r['seconds']:.1f}s",
         "metric        " + "".join(f"{k:>11}" for k in keys),
         *(["valid (best)  " + "".join(f"{r['val/' + k]:>11.4f}" for k in keys)] if all(f"val/{k}" in r for k in keys)
-          else [f"valid (best)  {t}: {r[t]:.4f}" for t in r if t.startswith("val/") and t.split("@")[0].endswith("loss")]),
+          else [f"valid (best)  {t}: {r[t]:.4f}" for t in r if t.startswith("val/") and is_loss(t)]),
         "test          " + "".join(f"{r.get('test/' + k, float('nan')):>11.4f}" for k in keys),
     ]
     prefix = [f"{r[k]:.3f}" for k in sorted(r) if k.startswith("test/prefix_recall@")]

@@ -8,11 +8,15 @@ from __future__ import annotations
 import torch
 
 
+def is_loss(name: str) -> bool:
+    """A logged loss: `val/loss`, `val/objective_loss`, `val/last_batch_loss@128`, ..."""
+    return name.rsplit("/", 1)[-1].split("@")[0].endswith("loss")
+
+
 def lower_is_better(name: str) -> bool:
     """Direction of a logged metric (`val/loss`, `val/ndcg@10`, ...): losses and pruning rates are
     minimised, recall / NDCG / prefix recall maximised."""
-    leaf = name.rsplit("/", 1)[-1]
-    return leaf.split("@")[0].endswith("loss") or leaf.startswith("pruning_rate@")
+    return is_loss(name) or name.rsplit("/", 1)[-1].startswith("pruning_rate@")
 
 
 def hits(rank: torch.Tensor, k: int) -> torch.Tensor:
