@@ -113,6 +113,7 @@ CHECKS: dict[str, tuple[Check, str]] = {
     "trainer.patience": integer(0),
     "trainer.batch_size": POSITIVE,
     "trainer.accumulate": POSITIVE,
+    "protocol.micro_batches": or_null(POSITIVE),  # a reproduced recipe's micro-batches per step
     "trainer.eval_batch_size": POSITIVE,
     "trainer.gradient_clip": or_null(number(gt=0)),
     "trainer.num_nodes": POSITIVE,
@@ -194,11 +195,14 @@ def _stage1_is_an_objective(cfg: DictConfig) -> str | None:
 
 def _micro_batches_as_the_recipe(cfg: DictConfig) -> str | None:
     """A preset reproducing another code's steps names its micro-batches per optimizer step
-    (`protocol.micro_batches`); an objective whose state moves once per micro-batch moves as often as there
-    only at that `trainer.accumulate` (necessary, not sufficient: each micro-batch's size matters too)."""
-    want, have = _get(cfg, "protocol.micro_batches"), _get(cfg, "trainer.accumulate")
+    (`protocol.micro_batches`); an objective whose state moves once per micro-batch there (APAO's prefix
+    weights) replays those moves only if every micro-batch of ours, on every process, holds a whole number of
+    them: protocol.micro_batches = trainer.accumulate x processes x chunks, trainer.batch_size a multiple of
+    chunks (e.g. the release's 8 x 128 as 2 x 2 processes x 256, cut into 2 chunks)."""
+    want, accumulate = _get(cfg, "protocol.micro_batches"), _get(cfg, "trainer.accumulate")
     target, objective = _get(cfg, "objective._target_"), _get(cfg, "objective")
-    if want in (None, _ABSENT) or have == want or target is _ABSENT or not isinstance(objective, dict):
+    counts = all(isinstance(v, int) and v >= 1 for v in (want, accumulate))  # else CHECKS names the bad one
+    if not counts or target is _ABSENT or not isinstance(objective, dict):
         return None
     try:
         cls = get_class(str(target))
@@ -207,9 +211,18 @@ def _micro_batches_as_the_recipe(cfg: DictConfig) -> str | None:
     state = cls.state_per_micro_batch(objective) if hasattr(cls, "state_per_micro_batch") else None
     if not state:
         return None
-    return (f"trainer.accumulate={have}: {target.rsplit('.', 1)[-1]} moves {state} once per micro-batch, "
-            f"protocol.micro_batches={want} times per step in this recipe (e.g. experiment=apao_release; "
-            f"protocol.micro_batches=null to run it anyway, not as the recipe)")
+    moves = f"{target.rsplit('.', 1)[-1]} moves {state} once per micro-batch, protocol.micro_batches={want} times per step"
+    anyway = "protocol.micro_batches=null to run it anyway, not as the recipe"
+    devices, nodes, batch = (_get(cfg, f"trainer.{k}") for k in ("devices", "num_nodes", "batch_size"))
+    processes = devices * nodes if all(isinstance(v, int) and v >= 1 for v in (devices, nodes)) else 1  # else: at run time
+    if want % (accumulate * processes):
+        return (f"trainer.accumulate={accumulate}: {moves} in this recipe, not a multiple of trainer.accumulate x "
+                f"{processes} process(es) ({anyway})")
+    chunks = want // (accumulate * processes)
+    if isinstance(batch, int) and batch % chunks:
+        return (f"trainer.batch_size={batch}: {moves} in this recipe, i.e. {chunks} equal chunks of each micro-batch "
+                f"here ({anyway})")
+    return None
 
 
 def _reader_is_a_reader(cfg: DictConfig) -> str | None:

@@ -30,6 +30,13 @@ def last_batch_size(monitor: str) -> int | None:
     return int(m[1]) if m else None
 
 
+def updates_per_micro_batch(cfg: DictConfig) -> float | None:
+    """protocol.micro_batches / trainer.accumulate: the reproduced recipe's micro-batches in one of ours, over
+    all processes (e.g. the release's 8 per step as 2 accumulated x 2 processes x 2 halves: 4), else None."""
+    want = (cfg.get("protocol") or {}).get("micro_batches")
+    return None if want is None else want / cfg.trainer.accumulate
+
+
 class GenRec(EvalModule):
     def __init__(self, cfg: DictConfig, sids: SemanticIds, item_counts, steps_per_epoch: int | None = None) -> None:
         """`steps_per_epoch`: only for use without a Trainer (benchmarks); under one, the schedule
@@ -39,7 +46,8 @@ class GenRec(EvalModule):
         if cfg.get("init_from"):
             self.backbone.load_state_dict(load_backbone_state(cfg.init_from))
         self.objective = instantiate(cfg.objective)
-        self.objective.setup(TrainContext(sids, self._trie, item_counts, self.evaluator.beam, cfg.seed), self.backbone)
+        ctx = TrainContext(sids, self._trie, item_counts, self.evaluator.beam, cfg.seed, updates_per_micro_batch(cfg))
+        self.objective.setup(ctx, self.backbone)
         self._finite: torch.Tensor | None = None  # per loss term: finite at every step since the last check
         self.history: list[dict] = []  # validation metrics per epoch (checkpointed)
         self.clock = (time.time(), 0.0)  # (this process's start, seconds its earlier processes ran: a resume's)

@@ -58,10 +58,15 @@ BAD = [  # (overrides, the one line after "error: ")
     (["eval.score=partial"], "eval.score=partial: one of full, masked, or null"),
     (["eval.temperature=0"], "eval.temperature=0: a number > 0, or null"),
     (["trainer.monitor_mode=up"], "trainer.monitor_mode=up: one of max, min"),
-    (["experiment=apao_release_cpu", "objective=apao_pointwise"],
-     "trainer.accumulate=2: APAO moves its prefix weights (objective.weights=paper) once per micro-batch, "
-     "protocol.micro_batches=8 times per step in this recipe (e.g. experiment=apao_release; protocol.micro_batches=null "
-     "to run it anyway, not as the recipe)"),
+    (["experiment=apao_release", "trainer=ddp", "objective=apao_pointwise"],  # 8 accumulated x 2 GPUs = 16
+     "trainer.accumulate=8: APAO moves its prefix weights (objective.weights=paper) once per micro-batch, "
+     "protocol.micro_batches=8 times per step in this recipe, not a multiple of trainer.accumulate x 2 process(es) "
+     "(protocol.micro_batches=null to run it anyway, not as the recipe)"),
+    (["experiment=apao_release_cpu", "objective=apao_pointwise", "trainer.batch_size=255"],
+     "trainer.batch_size=255: APAO moves its prefix weights (objective.weights=paper) once per micro-batch, "
+     "protocol.micro_batches=8 times per step in this recipe, i.e. 2 equal chunks of each micro-batch here "
+     "(protocol.micro_batches=null to run it anyway, not as the recipe)"),
+    (["experiment=apao_release", "protocol.micro_batches=0"], "protocol.micro_batches=0: an integer >= 1, or null"),
     (["trainer.monitor=val/ndgc@10"], "trainer.monitor=val/ndgc@10: val/loss, val/objective_loss, "
      "val/last_batch_loss@B, val/recall@k, val/ndcg@k, val/prefix_recall@m, or with eval.full_rank=true "
      "val/full/recall@k, val/full/ndcg@k, val/pruning_rate@k"),
@@ -124,6 +129,8 @@ def test_every_shipped_config_passes_and_every_checked_key_exists():
 
 @pytest.mark.parametrize("overrides", [
     ["experiment=apao_release", "objective=apao_pointwise"],  # the release's 8 micro-batches
+    ["experiment=apao_release_cpu", "objective=apao_pointwise"],  # the same 8: 2 accumulated x 2 processes x 2 chunks
+    ["experiment=apao_release", "trainer=ddp", "trainer.accumulate=4", "objective=apao_pointwise"],  # 4 x 2 GPUs
     ["experiment=apao_release_cpu", "objective=ce"],  # no state: any split of the step's examples
     ["experiment=apao_release_cpu", "objective=apao_pointwise", "objective.weights=released"],  # per batch, stateless
     ["experiment=apao_release_cpu", "objective=apao_pointwise", "objective.eta=0"],  # weights never move
@@ -172,11 +179,11 @@ def test_a_refused_command_keeps_a_run_dir_that_holds_a_run(tmp_path):
 def test_config_check_cli_gives_one_verdict_per_command_line(tmp_path):
     """`python -m genrec.config_check a -- b -- c`: one line each, in order; exit 2 if any is bad; hydra.* ignored."""
     out = _cli(tmp_path, "genrec.config_check", "experiment=office_cpu", "objective=apao_pointwise", "hydra.run.dir=x",
-               "--", "experiment=apao_release_cpu", "objective=apao_pointwise", "--", "objective=nope", "--",
+               "--", "experiment=apao_release", "trainer=ddp", "objective=apao_pointwise", "--", "objective=nope", "--",
                "experiment=tiny", "eval.beam=0")
     lines = out.stdout.splitlines()
     assert out.returncode == 2 and len(lines) == 4 and lines[0] == "ok", out.stderr
-    assert lines[1].startswith("error: trainer.accumulate=2: APAO moves its prefix weights")
+    assert lines[1].startswith("error: trainer.accumulate=8: APAO moves its prefix weights")
     assert lines[2] == ("error: In 'config': Could not find 'objective/nope' Available options in 'objective': apao "
                         "apao_pairwise apao_pointwise bear ce msl sdpo sdpo_2stage")
     assert lines[3] == "error: eval.beam=0: an integer >= 1"  # (_cli's data_dir= joins the last command line)

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from obj_helpers import CountingToy, FixedLogits, case, make_ctx
+from obj_helpers import CountingToy, FixedLogits, ToyBackbone, case, make_ctx
 
 from genrec.sid.codes import SemanticIds
 from genrec.sid.trie import Trie
@@ -274,3 +274,100 @@ def test_paper_weights_checkpoint_bit_for_bit():
     # setup() again (e.g. a later stage) keeps the training state.
     fresh.setup(make_ctx(sids), bb2)
     assert torch.equal(fresh.weights, obj.weights)
+
+
+# ---------------------------------------------------------------- a recipe's micro-batches (protocol.micro_batches)
+def _slices(batch: dict, sizes: list[int]) -> list[dict]:
+    bounds = np.cumsum([0, *sizes])
+    return [{k: v[a:b] for k, v in batch.items()} for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def _grad(bb) -> torch.Tensor:
+    return torch.cat([p.grad.flatten() for p in bb.parameters()])
+
+
+def _release_step(obj, bb, micro_batches):
+    """The release: one objective call per micro-batch, its prefix weights stepping on each, the parameters
+    fixed within the optimizer step; each micro-batch's loss and its own gradient."""
+    losses, grads = [], []
+    for mb in micro_batches:
+        bb.zero_grad()
+        loss, _ = obj(mb, bb)
+        loss.backward()
+        losses.append(loss.detach())
+        grads.append(_grad(bb))
+    return torch.stack(losses), torch.stack(grads)
+
+
+def _recipe_apao(sids, bb, updates=None):
+    obj = APAO("pointwise", "paper", eta=0.5, beta=0.3)
+    ctx = make_ctx(sids)
+    ctx.updates_per_micro_batch = updates
+    obj.setup(ctx, bb)
+    return obj
+
+
+@pytest.mark.parametrize("n, chunks", [(8, 2), (10, 4)])
+def test_paper_weights_step_once_per_recipe_micro_batch(n, chunks):
+    """One micro-batch of ours holding `chunks` of the recipe's (protocol.micro_batches / trainer.accumulate):
+    the weights take the recipe's sequential steps, and the loss and its gradient are the recipe's, each chunk
+    weighted by w after its own step (unequal chunks: by their share of the examples)."""
+    sids, _, batch = case(batch=n)
+    bb = ToyBackbone(sids.vocab_size)
+    release, ours = _recipe_apao(sids, bb), _recipe_apao(sids, bb, updates=chunks)
+    sizes = [len(c) for c in torch.arange(n).tensor_split(chunks)]
+    share = torch.tensor(sizes, dtype=torch.float32) / n
+    for _ in range(2):  # the weights carry over from step to step
+        losses, grads = _release_step(release, bb, _slices(batch, sizes))
+        bb.zero_grad()
+        loss, terms = ours(batch, bb)
+        loss.backward()
+        torch.testing.assert_close(loss.detach(), (share * losses).sum())
+        torch.testing.assert_close(_grad(bb), (share[:, None] * grads).sum(0))
+        torch.testing.assert_close(ours.weights, release.weights, rtol=0, atol=1e-12)
+        assert [terms[f"apao/w{m}"].item() for m in (1, 2, 3)] == pytest.approx(ours.weights.tolist())
+    once = _recipe_apao(sids, bb)  # no recipe: one step per micro-batch of ours
+    for _ in range(2):
+        once(batch, bb)
+    assert (once.weights - ours.weights).abs().max() > 1e-3  # the test can tell the two apart
+    with torch.no_grad():  # validation never steps them
+        before = ours.weights.clone()
+        ours(batch, bb)
+    assert torch.equal(ours.weights, before)
+
+
+def _recipe_worker(rank: int, world: int, init: str, chunks: int, size: int, out: str) -> None:
+    torch.distributed.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    sids, _, batch = case(batch=world * chunks * size)
+    bb = ToyBackbone(sids.vocab_size)
+    ours = _recipe_apao(sids, bb, updates=world * chunks)
+    mine = {k: v[rank * chunks * size:(rank + 1) * chunks * size] for k, v in batch.items()}
+    got = []
+    for _ in range(2):
+        bb.zero_grad()
+        loss, _ = ours(mine, bb)
+        loss.backward()
+        got.append((loss.detach(), _grad(bb), ours.weights.clone()))
+    torch.save(got, f"{out}.{rank}")
+    torch.distributed.destroy_process_group()
+
+
+def test_paper_weights_step_through_every_process_chunks_in_rank_order(tmp_path):
+    """2 gloo processes x 2 chunks (experiment=apao_release_cpu's split of the release's 8 micro-batches): each
+    process's loss and gradient are its chunks' share of the recipe's, and the weights on both are the recipe's
+    after all 4 sequential steps."""
+    world, chunks, size = 2, 2, 3
+    torch.multiprocessing.spawn(_recipe_worker, args=(world, f"file://{tmp_path}/init", chunks, size,
+                                                      str(tmp_path / "out")), nprocs=world)
+    sids, _, batch = case(batch=world * chunks * size)
+    bb = ToyBackbone(sids.vocab_size)
+    release = _recipe_apao(sids, bb)
+    micro = _slices(batch, [size] * world * chunks)
+    for step in range(2):
+        losses, grads = _release_step(release, bb, micro)
+        for rank in range(world):
+            loss, grad, weights = torch.load(tmp_path / f"out.{rank}")[step]
+            part = slice(rank * chunks, (rank + 1) * chunks)
+            torch.testing.assert_close(loss, losses[part].mean())
+            torch.testing.assert_close(grad, grads[part].mean(0))
+            torch.testing.assert_close(weights, release.weights, rtol=0, atol=1e-12)

@@ -82,10 +82,11 @@ def test_the_readme_copy_of_the_table_is_replaced_between_its_markers(tmp_path):
     assert (tmp_path / "README.md").read_text() == readme.replace("old table", "| rows | 2 |")
 
 
-def test_the_cpu_release_recipe_refuses_apao_rows_before_any_run_and_page_0_skips_the_page(tmp_path):
-    out, calls = script(tmp_path, "tiger-ce-s42", "tiger-apao_pointwise-s42", RECIPE="apao_release_cpu")
+def test_a_row_the_config_check_refuses_stops_every_row_before_any_run_and_page_0_skips_the_page(tmp_path):
+    # the release recipe's 8 accumulated micro-batches on each of 2 GPUs: 16 steps of APAO's weights, not 8
+    out, calls = script(tmp_path, "tiger-ce-s42", "tiger-apao_pointwise-s42", RECIPE="apao_release", EXTRA="trainer=ddp")
     assert out.returncode == 2 and trained(calls) == [], out.stderr
-    assert out.stderr.strip().startswith("error: tiger-apao_pointwise-s42: trainer.accumulate=2: APAO moves its "
+    assert out.stderr.strip().startswith("error: tiger-apao_pointwise-s42: trainer.accumulate=8: APAO moves its "
                                          "prefix weights (objective.weights=paper) once per micro-batch")
     assert [c[0] for c in calls] == ["genrec.config_check"]  # one check of both rows, before any run
     out, calls = script(tmp_path, "tiger-ce-s42", RECIPE="apao_release_cpu", PAGE="0", FULL_RANK="0")
@@ -99,10 +100,10 @@ def test_list_says_which_rows_are_done_and_which_the_config_check_refuses(tmp_pa
     done = tmp_path / "docs" / "results" / "runs" / "apao_release_cpu" / "tiger-ce-s42"
     done.mkdir(parents=True)
     (done / "metrics.json").write_text("{}")
-    out, calls = script(tmp_path, "--list", RECIPE="apao_release_cpu")
+    out, calls = script(tmp_path, "--list", RECIPE="apao_release_cpu", EXTRA="trainer.batch_size=255")
     state = {line.split()[0]: line.split()[1] for line in out.stdout.splitlines()}
     assert out.returncode == 0 and state["tiger-ce-s42"] == "done" and state["tiger-msl-s42"] == "-"
     assert state["tiger-apao_pointwise-s42"] == state["llama-apao_pointwise-s43"] == "no"
-    assert "no    error: trainer.accumulate=2: APAO moves" in out.stdout
+    assert "no    error: trainer.batch_size=255: APAO moves" in out.stdout
     assert [c[0] for c in calls] == ["genrec.config_check"]  # one process for every row not done
     assert "objective=ce" not in calls[0][:calls[0].index("--")]  # the done CE s42 row is not checked

@@ -15,6 +15,11 @@ weights (detached):
   paper      w on the simplex as training state (a buffer: checkpointed), uniform at start; each
              training step w_m <- w_m exp(eta L_m) / Z with this batch's L_m (averaged over
              processes), then the updated w weights this batch's losses (as in group DRO).
+             Under a recipe that counts its micro-batches (protocol.micro_batches, e.g. the APAO
+             release's 8 x 128 per step run as 2 processes x 256 x 2), w takes the recipe's updates
+             instead: every process's micro-batch is cut into equal chunks (the recipe's micro-batches),
+             and w steps once per chunk, through all processes' chunks in rank order, each chunk's
+             losses weighted by w after its own step.
   released   recomputed per batch: w_m ∝ L_m exp(eta L_m) (∝ L_m at eta = 0).
   uniform    1 / T.     hardmax    one-hot on argmax_m L_m.
 `drop_prefix` = m removes prefix length m from the sum (ablation). `bear` = {lam, xi, beam,
@@ -60,12 +65,25 @@ def softmax_prefix_loss(S: torch.Tensor, masked: torch.Tensor, log_c: torch.Tens
     return torch.logsumexp(torch.cat([pos[:, None], neg], 1), 1) - pos
 
 
+def _distributed() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
 def _process_mean(x: torch.Tensor) -> torch.Tensor:
-    if dist.is_available() and dist.is_initialized():
+    if _distributed():
         x = x.clone()
         dist.all_reduce(x)
         x = x / dist.get_world_size()
     return x
+
+
+def _process_cat(x: torch.Tensor) -> torch.Tensor:
+    """Every process's x, concatenated along dim 0 in rank order (x itself in one process)."""
+    if not _distributed():
+        return x
+    parts = [torch.empty_like(x) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, x.contiguous())
+    return torch.cat(parts)
 
 
 class APAO(CE):
@@ -137,6 +155,31 @@ class APAO(CE):
     def on_epoch_start(self, epoch: int) -> None:
         self.negatives.set_epoch(epoch)
 
+    def weighted_prefix(self, Lx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """sum_m w_m L_m for per-example prefix losses Lx [B, T], with this batch's L [T] and the w [T] to log."""
+        L = Lx.mean(0)
+        steps = self.ctx.updates_per_micro_batch
+        if self.weighting != "paper" or steps is None or not (self.training and torch.is_grad_enabled()):
+            w = self.prefix_weights(L.detach())
+            return (w * L).sum(), L, w
+        world = dist.get_world_size() if _distributed() else 1
+        per_process = steps / world
+        if per_process < 1 or per_process != int(per_process):
+            raise ValueError(f"APAO: protocol.micro_batches / trainer.accumulate = {steps:g} of the recipe's "
+                             f"micro-batches per micro-batch do not split evenly over {world} process(es)")
+        chunks = Lx.tensor_split(int(per_process))  # this process's share of the recipe's micro-batches
+        Lc = torch.stack([c.mean(0) if len(c) else torch.zeros_like(L) for c in chunks])  # [C, T]; empty: no step
+        w, ws = self.weights, []
+        for Lk in _process_cat(Lc.detach().double()):  # the recipe's micro-batches in order: one step each
+            w = w * torch.exp(self.eta * Lk)
+            w = w / w.sum()
+            ws.append(w)
+        self.weights.copy_(w)
+        rank = dist.get_rank() if _distributed() else 0
+        mine = torch.stack(ws[rank * len(chunks):(rank + 1) * len(chunks)]).to(L.dtype)  # [C, T]
+        share = torch.tensor([len(c) / len(Lx) for c in chunks], dtype=L.dtype, device=L.device)
+        return (share[:, None] * mine * Lc).sum(), L, self.weights.to(L.dtype, copy=True)
+
     def prefix_weights(self, L: torch.Tensor) -> torch.Tensor:
         """w [T] (detached) for this batch's prefix losses L [T] (detached)."""
         keep = self.keep.to(L.device)
@@ -160,7 +203,7 @@ class APAO(CE):
             _, logits = self.teacher_forced(batch, backbone)
             s = token_logprobs(logits, self.scored(target), self.temperature)  # [B, T(+1)]
             ce, pos_logits = -s.mean(), logits
-            L = -(prefix_sums(s[:, :T]) / m).mean(0) / self.prefix_temperature
+            Lx = -(prefix_sums(s[:, :T]) / m) / self.prefix_temperature  # [B, T]
         else:
             enc = backbone.encode(batch["history"], batch["mask"])
             negs, tokens = self.negatives.with_positive(batch, self.num_negatives, backbone, enc)  # [B, N], [B, 1 + N, T]
@@ -178,10 +221,9 @@ class APAO(CE):
             log_c = None
             if self.loss == "pairwise" and self.correction:
                 log_c = torch.log(self.others / (~masked).sum(1).clamp(min=1))  # [B, T]
-            L = softmax_prefix_loss(S, masked, log_c)
-            L = (L / m if self.loss == "pairwise" else L).mean(0)
-        w = self.prefix_weights(L.detach())
-        prefix = (w * L).sum()
+            Lx = softmax_prefix_loss(S, masked, log_c)
+            Lx = Lx / m if self.loss == "pairwise" else Lx
+        prefix, L, w = self.weighted_prefix(Lx)
         loss = ce + self.beta * prefix
         terms = {"apao/ce": ce.detach(), "apao/prefix": prefix.detach()}
         terms.update({f"apao/L{k + 1}": L[k].detach() for k in range(T)})

@@ -37,6 +37,10 @@ class TrainContext:
     item_counts: np.ndarray  # [num_candidates] training-target frequency (popularity negatives)
     eval_beam: int  # the evaluator's beam width (BEAR's default B)
     seed: int
+    # A reproduced recipe's micro-batches inside one of ours, over all processes (protocol.micro_batches /
+    # trainer.accumulate): state that moves once per micro-batch there (APAO's prefix weights) moves that
+    # often here. None: no recipe counts them (the state moves once per micro-batch of ours).
+    updates_per_micro_batch: float | None = None
 
 
 class Objective(nn.Module):
