@@ -9,13 +9,15 @@ import os
 from pathlib import Path
 
 import torch
+from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 
 # Modules that moved, for the `_target_`s of configs written before: old prefix -> today's.
 MOVED = {"genrec.data.sid.": "genrec.sid.tokenizers."}
 # Keys added since runs were first written, at the value that reproduces what genrec did before them (a
 # preset may set another value today: a run that predates the key never ran it).
-ADDED = {"optim.cooldown": 1.0, "optim.eps": 1e-8, "trainer.validate": "beam"}
+ADDED = {"optim.cooldown": 1.0, "optim.eps": 1e-8, "trainer.validate": "beam",
+         "protocol.micro_batches": None}  # office_cpu counts the release's since 2026-12-05 (APAO's weight steps)
 # Keys that say where, on what and under which name a run executes, or how it saves memory, not what it computes
 # (the same losses and metrics: tests/test_pinned_metrics.py): a resumed run may change them.
 EXECUTION = ("run_dir", "resume", "data_dir", "tags", "logger", "hydra",
@@ -78,12 +80,25 @@ def listed(key: str, keys: tuple[str, ...]) -> bool:
     return any(key == k or key.startswith(k + ".") for k in keys)
 
 
+def defining(flat: dict, objective: dict | None) -> dict:
+    """A flattened config without `protocol.micro_batches` when the run's objective keeps no state that moves once
+    per micro-batch (`Objective.state_per_micro_batch`): a reproduced recipe's count changes nothing it computes."""
+    if "protocol.micro_batches" not in flat:
+        return flat
+    try:
+        cls = get_class(str((objective or {}).get("_target_")))
+    except (ImportError, AttributeError, ValueError):
+        cls = None
+    moves = getattr(cls, "state_per_micro_batch", None)
+    return flat if moves and moves(objective) else {k: v for k, v in flat.items() if k != "protocol.micro_batches"}
+
+
 def config_changes(saved: Path, cfg: DictConfig) -> list[str]:
     """'key: saved -> now' for every key both the run dir's `saved` config.yaml and `cfg` hold with different
     values, outside EXECUTION (keys added or dropped since the run was written are not compared; paths inside
     the run dir compare relative to it)."""
-    old = flatten(with_added(moved_targets(OmegaConf.to_container(OmegaConf.load(saved)))))
-    now = flatten(OmegaConf.to_container(cfg, resolve=True))
+    old, now = with_added(moved_targets(OmegaConf.to_container(OmegaConf.load(saved)))), OmegaConf.to_container(cfg, resolve=True)
+    old, now = (defining(flatten(c), c.get("objective")) for c in (old, now))
     here, there = str(now.get("run_dir")), str(old.get("run_dir"))  # paths inside the run dir, however it was named
     old = {k: v.replace(there, here) if isinstance(v, str) and there != "None" else v for k, v in old.items()}
     return [f"{k}: {old[k]!r} -> {now[k]!r}" for k in sorted(old.keys() & now.keys())

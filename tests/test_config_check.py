@@ -135,7 +135,8 @@ def test_every_shipped_config_passes_and_every_checked_key_exists():
     ["experiment=apao_release_cpu", "objective=apao_pointwise", "objective.weights=released"],  # per batch, stateless
     ["experiment=apao_release_cpu", "objective=apao_pointwise", "objective.eta=0"],  # weights never move
     ["experiment=apao_release_cpu", "objective=apao_pointwise", "protocol.micro_batches=null"],  # not as the release
-    ["experiment=office_cpu", "objective=apao_pointwise"],  # no recipe to hold it to
+    ["experiment=office_cpu", "objective=apao_pointwise"],  # the release's 8 as apao_release_cpu takes them
+    ["experiment=tiny", "objective=apao_pointwise"],  # no recipe to hold it to
 ])
 def test_apao_state_per_micro_batch_is_held_only_to_a_recipe_that_counts_them(overrides):
     assert errors(cfg(*overrides)) == []

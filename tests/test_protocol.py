@@ -272,12 +272,14 @@ def test_apao_release_cpu_changes_only_how_the_release_recipe_executes():
 def test_apao_weights_take_the_releases_8_steps_per_step_under_either_split(tmp_path):
     """protocol.micro_batches reaches the objective as the recipe's micro-batches in one of ours, over all
     processes: the release's 8 per step are 1 per micro-batch at 1 x 128 x 8 and 4 at 2 processes x 256 x 2
-    (2 chunks each: tests/test_obj_apao.py). Without it (office_cpu) the weights step once per micro-batch."""
+    (2 chunks each: tests/test_obj_apao.py; office_cpu takes the same steps). Without it the weights step once per
+    micro-batch of ours."""
     from genrec.lit import updates_per_micro_batch
 
     assert updates_per_micro_batch(compose_release("experiment=apao_release", "dataset=apao_office")) == 1
     assert updates_per_micro_batch(compose_release("experiment=apao_release_cpu")) == 4
-    assert updates_per_micro_batch(compose_release("experiment=office_cpu")) is None
+    assert updates_per_micro_batch(compose_release("experiment=office_cpu")) == 4
+    assert updates_per_micro_batch(compose_release("experiment=tiny")) is None
     module, _ = _module(config(tmp_path, "objective=apao_pointwise", "+protocol.micro_batches=8",
                                "trainer.accumulate=2"))
     assert module.objective.ctx.updates_per_micro_batch == 4

@@ -13,6 +13,7 @@ from omegaconf import OmegaConf
 
 from genrec.report.load import load_runs
 from genrec.report.select import group
+from genrec.runs import config_changes
 
 ROOT = Path(__file__).parents[1]
 LEGACY = Path(__file__).parent / "data" / "legacy_run"
@@ -72,3 +73,25 @@ def test_without_its_command_line_an_older_run_stays_apart(tmp_path):
     runs = load_runs([tmp_path / "legacy", todays_run(tmp_path / "s43", "seed=43")])
     assert runs[0].key != runs[1].key  # nothing says which defaults it ran with: not merged on a guess
     assert runs[0].cfg["optim"]["cooldown"] == 1.0  # a key added since is known without it (genrec.runs.ADDED)
+
+
+def test_the_releases_micro_batch_count_separates_only_the_objectives_it_changes(tmp_path):
+    """office_cpu counts the release's 8 micro-batches per step since 2026-12-05 (protocol.micro_batches): APAO's
+    prefix weights step 8 times per step there instead of twice, so an APAO run from before is another experiment
+    and resumes only as it ran; CE computes the same either way, so its runs from before join today's and resume."""
+    keys, changes = {}, {}
+    for objective in ("ce", "apao_pointwise"):
+        for when in ("before", "today"):
+            path = todays_run(tmp_path / f"{objective}-{when}", f"objective={objective}")
+            if when == "before":  # as written before the key: office_cpu had no protocol.micro_batches
+                cfg = yaml.safe_load((path / "config.yaml").read_text())
+                del cfg["protocol"]["micro_batches"]
+                (path / "config.yaml").write_text(yaml.safe_dump(cfg))
+                with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+                    today = compose("config", overrides=yaml.safe_load((path / "overrides.yaml").read_text()))
+                today.run_dir = str(path)
+                changes[objective] = config_changes(path / "config.yaml", today)
+            keys[objective, when] = load_runs([path])[0].key
+    assert keys["ce", "before"] == keys["ce", "today"] and changes["ce"] == []
+    assert keys["apao_pointwise", "before"] != keys["apao_pointwise", "today"]
+    assert changes["apao_pointwise"] == ["protocol.micro_batches: None -> 8"]

@@ -19,7 +19,7 @@ import yaml
 from omegaconf import OmegaConf
 
 from genrec.config_check import compose_command
-from genrec.runs import EXECUTION, flatten, listed, moved_targets, with_added
+from genrec.runs import EXECUTION, defining, flatten, listed, moved_targets, with_added
 
 # Config keys that do not define the experiment (seeds are averaged; the rest: where and how a run executes).
 IGNORED = ("seed", "init_from", *EXECUTION)
@@ -83,7 +83,7 @@ class Run:
         if (self.cfg.get("init_from") or self.cfg.get("stage1")) and not getattr(cls, "fine_tunes", False):
             self.order, self.label = self.order + 0.01, self.label + " (two-stage)"  # started from a trained run
         self.seed = self.cfg.get("seed", 0)
-        self.flat = {k: v for k, v in flatten(self.cfg).items() if not listed(k, IGNORED)}
+        self.flat = defining({k: v for k, v in flatten(self.cfg).items() if not listed(k, IGNORED)}, self.cfg["objective"])
         self.key = json.dumps(self.flat, sort_keys=True, default=str)
 
     @property
