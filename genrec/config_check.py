@@ -25,6 +25,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from genrec.data.readers.common import is_reader
 from genrec.eval.metrics import lower_is_better
+from genrec.runs import state_per_micro_batch
 
 Check = Callable[[Any], bool]
 CONF = Path(__file__).resolve().parent.parent / "conf"
@@ -204,12 +205,7 @@ def _micro_batches_as_the_recipe(cfg: DictConfig) -> str | None:
     counts = all(isinstance(v, int) and v >= 1 for v in (want, accumulate))  # else CHECKS names the bad one
     if not counts or target is _ABSENT or not isinstance(objective, dict):
         return None
-    try:
-        cls = get_class(str(target))
-    except (ImportError, AttributeError, ValueError):  # not importable: instantiate names it
-        return None
-    state = cls.state_per_micro_batch(objective) if hasattr(cls, "state_per_micro_batch") else None
-    if not state:
+    if not (state := state_per_micro_batch(objective)):
         return None
     moves = f"{target.rsplit('.', 1)[-1]} moves {state} once per micro-batch, protocol.micro_batches={want} times per step"
     anyway = "protocol.micro_batches=null to run it anyway, not as the recipe"

@@ -80,17 +80,22 @@ def listed(key: str, keys: tuple[str, ...]) -> bool:
     return any(key == k or key.startswith(k + ".") for k in keys)
 
 
-def defining(flat: dict, objective: dict | None) -> dict:
-    """A flattened config without `protocol.micro_batches` when the run's objective keeps no state that moves once
-    per micro-batch (`Objective.state_per_micro_batch`): a reproduced recipe's count changes nothing it computes."""
-    if "protocol.micro_batches" not in flat:
-        return flat
+def state_per_micro_batch(objective: dict | None) -> str | None:
+    """What an objective config (a container) moves once per micro-batch (`Objective.state_per_micro_batch`);
+    None if nothing, or if its `_target_` cannot be imported (instantiating it names that)."""
     try:
         cls = get_class(str((objective or {}).get("_target_")))
     except (ImportError, AttributeError, ValueError):
-        cls = None
-    moves = getattr(cls, "state_per_micro_batch", None)
-    return flat if moves and moves(objective) else {k: v for k, v in flat.items() if k != "protocol.micro_batches"}
+        return None
+    return cls.state_per_micro_batch(objective) if hasattr(cls, "state_per_micro_batch") else None
+
+
+def defining(flat: dict, objective: dict | None) -> dict:
+    """A flattened config without `protocol.micro_batches` when the run's objective keeps no state that moves once
+    per micro-batch: a reproduced recipe's count then changes nothing it computes."""
+    if "protocol.micro_batches" not in flat or state_per_micro_batch(objective):
+        return flat
+    return {k: v for k, v in flat.items() if k != "protocol.micro_batches"}
 
 
 def config_changes(saved: Path, cfg: DictConfig) -> list[str]:
