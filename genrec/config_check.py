@@ -207,10 +207,12 @@ def _micro_batches_as_the_recipe(cfg: DictConfig) -> str | None:
         return None
     if not (state := state_per_micro_batch(objective)):
         return None
-    moves = f"{target.rsplit('.', 1)[-1]} moves {state} once per micro-batch, protocol.micro_batches={want} times per step"
+    moves = (f"{target.rsplit('.', 1)[-1]} moves {state} once per micro-batch, "
+             f"protocol.micro_batches={want} times per step")
     anyway = "protocol.micro_batches=null to run it anyway, not as the recipe"
     devices, nodes, batch = (_get(cfg, f"trainer.{k}") for k in ("devices", "num_nodes", "batch_size"))
-    processes = devices * nodes if all(isinstance(v, int) and v >= 1 for v in (devices, nodes)) else 1  # else: at run time
+    known = all(isinstance(v, int) and v >= 1 for v in (devices, nodes))
+    processes = devices * nodes if known else 1  # "auto", a list of devices: APAO checks at run time
     if want % (accumulate * processes):
         return (f"trainer.accumulate={accumulate}: {moves} in this recipe, not a multiple of trainer.accumulate x "
                 f"{processes} process(es) ({anyway})")

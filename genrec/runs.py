@@ -102,7 +102,8 @@ def config_changes(saved: Path, cfg: DictConfig) -> list[str]:
     """'key: saved -> now' for every key both the run dir's `saved` config.yaml and `cfg` hold with different
     values, outside EXECUTION (keys added or dropped since the run was written are not compared; paths inside
     the run dir compare relative to it)."""
-    old, now = with_added(moved_targets(OmegaConf.to_container(OmegaConf.load(saved)))), OmegaConf.to_container(cfg, resolve=True)
+    old = with_added(moved_targets(OmegaConf.to_container(OmegaConf.load(saved))))
+    now = OmegaConf.to_container(cfg, resolve=True)
     old, now = (defining(flatten(c), c.get("objective")) for c in (old, now))
     here, there = str(now.get("run_dir")), str(old.get("run_dir"))  # paths inside the run dir, however it was named
     old = {k: v.replace(there, here) if isinstance(v, str) and there != "None" else v for k, v in old.items()}

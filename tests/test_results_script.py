@@ -84,7 +84,8 @@ def test_the_readme_copy_of_the_table_is_replaced_between_its_markers(tmp_path):
 
 def test_a_row_the_config_check_refuses_stops_every_row_before_any_run_and_page_0_skips_the_page(tmp_path):
     # the release recipe's 8 accumulated micro-batches on each of 2 GPUs: 16 steps of APAO's weights, not 8
-    out, calls = script(tmp_path, "tiger-ce-s42", "tiger-apao_pointwise-s42", RECIPE="apao_release", EXTRA="trainer=ddp")
+    out, calls = script(tmp_path, "tiger-ce-s42", "tiger-apao_pointwise-s42", RECIPE="apao_release",
+                        EXTRA="trainer=ddp")
     assert out.returncode == 2 and trained(calls) == [], out.stderr
     assert out.stderr.strip().startswith("error: tiger-apao_pointwise-s42: trainer.accumulate=8: APAO moves its "
                                          "prefix weights (objective.weights=paper) once per micro-batch")

@@ -162,7 +162,7 @@ class APAO(CE):
         if self.weighting != "paper" or steps is None or not (self.training and torch.is_grad_enabled()):
             w = self.prefix_weights(L.detach())
             return (w * L).sum(), L, w
-        world = dist.get_world_size() if _distributed() else 1
+        rank, world = (dist.get_rank(), dist.get_world_size()) if _distributed() else (0, 1)
         per_process = steps / world
         if per_process < 1 or per_process != int(per_process):
             raise ValueError(f"APAO: protocol.micro_batches / trainer.accumulate = {steps:g} of the recipe's "
@@ -175,7 +175,6 @@ class APAO(CE):
             w = w / w.sum()
             ws.append(w)
         self.weights.copy_(w)
-        rank = dist.get_rank() if _distributed() else 0
         mine = torch.stack(ws[rank * len(chunks):(rank + 1) * len(chunks)]).to(L.dtype)  # [C, T]
         share = torch.tensor([len(c) / len(Lx) for c in chunks], dtype=L.dtype, device=L.device)
         return (share[:, None] * mine * Lc).sum(), L, self.weights.to(L.dtype, copy=True)

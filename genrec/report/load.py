@@ -83,7 +83,8 @@ class Run:
         if (self.cfg.get("init_from") or self.cfg.get("stage1")) and not getattr(cls, "fine_tunes", False):
             self.order, self.label = self.order + 0.01, self.label + " (two-stage)"  # started from a trained run
         self.seed = self.cfg.get("seed", 0)
-        self.flat = defining({k: v for k, v in flatten(self.cfg).items() if not listed(k, IGNORED)}, self.cfg["objective"])
+        flat = {k: v for k, v in flatten(self.cfg).items() if not listed(k, IGNORED)}
+        self.flat = defining(flat, self.cfg["objective"])
         self.key = json.dumps(self.flat, sort_keys=True, default=str)
 
     @property
