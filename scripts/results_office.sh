@@ -18,6 +18,9 @@
 # PAGE=0 skips rebuilding the page and the README table at the end (scripts/device_session.sh)
 # FULL_RANK=0 skips the exact full-ranking test re-evaluation (PR@k: beam search plus the capped exact search,
 #         ~4 min per row on 2 CPU threads); the page then shows no PR@k for the row
+# SCORINGS the scorings (eval.score:temperature) every finished row is also re-evaluated with, full ranking on,
+#         besides its own (default "full:1 masked:1": how the APAO and the BEAR releases score; the page's Scoring
+#         section: ~4 min each on 2 CPU threads)
 # A finished row is re-evaluated with exact full ranking (PR@k); its metrics.json, config.yaml, overrides.yaml
 # (the command line: the page's rerun command), test_ranks.csv (per user: the page's paired test) and eval/*.json
 # (+ their .ranks.csv) are copied to docs/results/runs/<recipe>/<row>/
@@ -31,6 +34,7 @@ PY=${PY:-.venv/bin/python}
 RECIPE=${RECIPE:-office_cpu}
 JOBS=${JOBS:-1}
 LIMIT=${LIMIT:-0}
+SCORINGS=${SCORINGS:-full:1 masked:1}
 case $RECIPE in
   office_cpu) BASE="experiment=office_cpu" ;;
   apao_release) BASE="experiment=apao_release" ;;
@@ -96,9 +100,15 @@ if [[ "${1:-}" == "--list" ]]; then
   exit 0
 fi
 
+# a finished run's own scoring as SCORINGS writes it (full:1, masked:2): its metrics.json's eval_score / _temperature
+own_scoring() {
+  python3 -c 'import json, sys; m = json.load(open(sys.argv[1]))
+print("%s:%g" % (m.get("eval_score", "full"), m.get("eval_temperature", 1.0)))' "$1/metrics.json"
+}
+
 # One row: train (resumable; LIMIT stops it, the next call resumes), re-evaluate, copy its summary.
 row() {
-  local row=$1 run=$RUNS/$1 ref
+  local row=$1 run=$RUNS/$1 ref s
   ref=$(grep -o 'init_from=@[^ ]*' <<< "${ROWS[$row]}" | cut -d@ -f2 || true)
   if [[ -n "$ref" && ! -f $RUNS/$ref/metrics.json ]]; then
     echo "$row: waits for $ref (not finished)"; return 0
@@ -108,7 +118,13 @@ row() {
     timeout $((LIMIT > 0 ? LIMIT : 10 ** 9)) $PY -m genrec.train $(train_args "$row") hydra.run.dir="$run" || {
       rc=$?; [[ $rc == 124 ]] && { echo "$row: stopped after ${LIMIT}s, resumes next call"; return 0; }; return $rc; }
   fi
-  [[ ${FULL_RANK:-1} == 0 ]] || $PY -m genrec.evaluate ckpt="$run" eval.full_rank=true  # exact full ranking: PR@k
+  if [[ ${FULL_RANK:-1} != 0 ]]; then
+    $PY -m genrec.evaluate ckpt="$run" eval.full_rank=true  # exact full ranking: PR@k
+    for s in $SCORINGS; do  # and under the other scorings: what the scoring changes, apart from the training
+      [[ $s == "$(own_scoring "$run")" ]] || $PY -m genrec.evaluate ckpt="$run" eval.full_rank=true \
+                                                 eval.score="${s%:*}" eval.temperature="${s#*:}"
+    done
+  fi
   mkdir -p "$DOCS/$row"
   cp "$run"/metrics.json "$run"/config.yaml "$DOCS/$row/"
   if [[ -f $run/test_ranks.csv ]]; then cp "$run"/test_ranks.csv "$DOCS/$row/"; fi  # per user: the paired test

@@ -26,12 +26,16 @@ elif module == "genrec.train":
         (run / "overrides.yaml").write_text(command)
     (run / "config.yaml").write_text("seed: 1\n")
     (run / "test_ranks.csv").write_text("user,rank\n0,1\n")
-    (run / "metrics.json").write_text(json.dumps({"test/recall@10": 0.05}))
+    scoring = {"objective=msl": ("masked", 2.0), "objective=bear": ("masked", 1.0)}  # as their conf/eval/scoring
+    score, temperature = next((v for k, v in scoring.items() if k in args), ("full", 1.0))
+    (run / "metrics.json").write_text(json.dumps({"test/recall@10": 0.05, "eval_score": score,
+                                                  "eval_temperature": temperature}))
 elif module == "genrec.evaluate":
     run = Path(kv["ckpt"])
     (run / "eval").mkdir(exist_ok=True)
-    (run / "eval" / "test-beam20-full.ranks.csv").write_text("user,rank,full_rank\n0,1,1\n")
-    (run / "eval" / "test-beam20-full.json").write_text(json.dumps({"test/pruning_rate@5": 0.3}))
+    scoring = f"-{kv['eval.score']}-t{float(kv['eval.temperature']):g}" if "eval.score" in kv else ""
+    (run / "eval" / f"test-beam20{scoring}-full.ranks.csv").write_text("user,rank,full_rank\n0,1,1\n")
+    (run / "eval" / f"test-beam20{scoring}-full.json").write_text(json.dumps({"test/pruning_rate@5": 0.3}))
 elif module == "genrec.report":
     (Path(kv["out"]) / "table.md").parent.mkdir(parents=True, exist_ok=True)
     (Path(kv["out"]) / "table.md").write_text(f"| rows | {len(list(Path('docs/results/runs').glob('*/*')))} |\n")

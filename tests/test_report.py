@@ -444,12 +444,16 @@ def test_runs_of_another_preset_are_their_own_row(tmp_path):
     assert [(c["objective"], c["mean"], c["paper"]) for c in s["cells"]] == [("CE", 0.0612, 0.0608)]
 
 
-def write_eval(run: Path, beam: int, full: bool, metrics: dict, score: str = "full") -> None:
-    """eval/<split>-beam<K>[-<score>][-full].json as genrec.evaluate writes it."""
+def write_eval(run: Path, beam: int, full: bool, metrics: dict, score: str = "full", temperature: float = 1.0,
+               own: tuple[str, float] = ("full", 1.0)) -> None:
+    """eval/<split>-beam<K>[-<score>-t<temperature>][-full].json as genrec.evaluate writes it (`own`: the run's
+    scoring, which the file name leaves out)."""
     (run / "eval").mkdir(exist_ok=True)
-    name = f"test-beam{beam}{'' if score == 'full' else '-' + score + '-t1'}{'-full' if full else ''}.json"
+    scoring = "" if (score, temperature) == own else f"-{score}-t{temperature:g}"
+    name = f"test-beam{beam}{scoring}{'-full' if full else ''}.json"
     (run / "eval" / name).write_text(json.dumps({**metrics, "beam": beam, "full_rank": full, "eval_score": score,
-                                                 "eval_temperature": 1.0, "checkpoint": str(run / "best.ckpt")}))
+                                                 "eval_temperature": temperature,
+                                                 "checkpoint": str(run / "best.ckpt")}))
 
 
 def test_full_rank_reevaluation_supplies_the_metrics_a_run_lacks(tmp_path):

@@ -167,3 +167,59 @@ def test_page_cli_writes_it_and_its_rebuild_command_rebuilds_it(tmp_path):
                           text=True, timeout=120, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert (tmp_path / "x.md").read_text() == text
+
+
+BEAR = {"_target_": "genrec.objectives.bear.BEAR", "form": "reweight", "lam": 0.25, "xi": 2.75, "beam": 20,
+        "widths": None, "masked": False, "temperature": 1.0}
+
+
+def test_scoring_section_sets_each_row_beside_itself_under_every_scoring_it_was_re_evaluated_with(tmp_path):
+    """A row's own scoring (its full-rank re-evaluation, else metrics.json) and each other scoring of its full-rank
+    re-evaluations at its own beam, mean over the seeds that have it; rows evaluated one way only are left out."""
+    runs = tmp_path / "runs"
+    ce42 = write_run(runs / "ce-42", "office", "tiger", OBJECTIVES["ce"], 42,
+                     {"test/recall@10": 0.050, "test/ndcg@10": 0.025, "eval_score": "full", "eval_temperature": 1.0})
+    write_eval(ce42, 20, True, {"test/recall@10": 0.049, "test/ndcg@10": 0.024, "test/pruning_rate@5": 0.30,
+                                "test/pruning_rate@10": 0.20})  # its own scoring, one process: wins over metrics.json
+    write_eval(ce42, 20, True, {"test/recall@10": 0.052, "test/ndcg@10": 0.026, "test/pruning_rate@5": 0.20,
+                                "test/pruning_rate@10": 0.10}, score="masked")
+    write_eval(ce42, 10, True, {"test/recall@10": 0.9}, score="masked", temperature=2.0)  # another beam
+    write_eval(ce42, 20, False, {"test/recall@10": 0.8}, score="masked", temperature=2.0)  # no full ranking
+    ce43 = write_run(runs / "ce-43", "office", "tiger", OBJECTIVES["ce"], 43,  # own scoring: metrics.json only
+                     {"test/recall@10": 0.054, "test/ndcg@10": 0.027, "test/pruning_rate@5": 0.34,
+                      "test/pruning_rate@10": 0.22, "eval_score": "full", "eval_temperature": 1.0})
+    write_eval(ce43, 20, True, {"test/recall@10": 0.056, "test/ndcg@10": 0.028, "test/pruning_rate@5": 0.24,
+                                "test/pruning_rate@10": 0.12}, score="masked")
+    bear = write_run(runs / "bear-42", "office", "tiger", BEAR, 42,
+                     {"test/recall@10": 0.060, "test/ndcg@10": 0.030, "eval_score": "masked", "eval_temperature": 1.0},
+                     extra={"eval": {"beam": 20, "ks": [5, 10, 20], "score": "masked", "temperature": 1.0}})
+    write_eval(bear, 20, True, {"test/recall@10": 0.061, "test/ndcg@10": 0.031, "test/pruning_rate@5": 0.10,
+                                "test/pruning_rate@10": 0.05}, score="masked", own=("masked", 1.0))
+    write_eval(bear, 20, True, {"test/recall@10": 0.058, "test/ndcg@10": 0.029, "test/pruning_rate@5": 0.15,
+                                "test/pruning_rate@10": 0.08}, own=("masked", 1.0))
+    apao = write_run(runs / "apao-42", "office", "tiger", OBJECTIVES["pointwise"], 42,  # one scoring: not shown
+                     {"test/recall@10": 0.057, "eval_score": "full"})
+    write_eval(apao, 20, True, {"test/pruning_rate@5": 0.2})
+    (tmp_path / "intro.md").write_text("x\n")
+    page = tmp_path / "office.md"
+    rep.report([runs], tmp_path / "out", ["recall@10", "ndcg@10"], page=page, page_intro=tmp_path / "intro.md")
+    rows = table(section(page.read_text(), "Scoring"))
+
+    def mean(*x):
+        return f"{statistics.fmean(x):.4f}"
+    assert [(r["Objective"], r["Scoring"], r["Seeds"]) for r in rows] == [
+        ("CE", "full, τ 1 (own)", "42,43"), ("CE", "masked, τ 1", "42,43"),
+        ("BEAR", "masked, τ 1 (own)", "42"), ("BEAR", "full, τ 1", "42")]
+    assert [r["recall@10"] for r in rows] == [mean(0.049, 0.054), mean(0.052, 0.056), mean(0.061), mean(0.058)]
+    assert [r["ndcg@10"] for r in rows] == [mean(0.024, 0.027), mean(0.026, 0.028), mean(0.031), mean(0.029)]
+    assert [r["pruning_rate@5"] for r in rows] == [mean(0.30, 0.34), mean(0.20, 0.24), mean(0.10), mean(0.15)]
+    assert [r["pruning_rate@10"] for r in rows] == [mean(0.20, 0.22), mean(0.10, 0.12), mean(0.05), mean(0.08)]
+
+
+def test_scoring_section_says_how_to_fill_it_when_no_run_was_re_evaluated_under_another_scoring(tmp_path):
+    runs = pages(tmp_path)
+    (tmp_path / "intro.md").write_text("x\n")
+    rep.report([runs], tmp_path / "out", ["recall@10"], page=tmp_path / "p.md", page_intro=tmp_path / "intro.md")
+    text = section((tmp_path / "p.md").read_text(), "Scoring")
+    assert "No run has a full-rank re-evaluation under another scoring yet" in text
+    assert "python -m genrec.evaluate ckpt=<run dir> eval.score=masked eval.temperature=1 eval.full_rank=true" in text

@@ -34,10 +34,13 @@ def test_a_row_that_starts_from_another_trains_after_it_and_done_rows_are_skippe
     pairwise = next(c for c in calls if "objective=apao_pairwise" in c)
     assert "init_from=outputs/results_office/office_cpu/tiger-ce-s43" in pairwise
     assert "experiment=office_cpu" in pairwise
-    for row in ("tiger-ce-s43", "tiger-msl-s42", "tiger-apao_pairwise-s43"):
+    others = {"tiger-ce-s43": ["masked-t1"], "tiger-msl-s42": ["full-t1", "masked-t1"],  # besides its own scoring
+              "tiger-apao_pairwise-s43": ["masked-t1"]}
+    for row, scorings in others.items():
         d = tmp_path / "docs" / "results" / "runs" / "office_cpu" / row
         assert {p.name for p in d.iterdir()} == {"metrics.json", "config.yaml", "overrides.yaml", "test_ranks.csv", "eval"}
-        assert {p.name for p in (d / "eval").iterdir()} == {"test-beam20-full.json", "test-beam20-full.ranks.csv"}
+        assert {p.name for p in (d / "eval").iterdir()} == {f"test-beam20{s}-full.{x}" for s in ["", *(f"-{s}" for s in
+                                                            scorings)] for x in ("json", "ranks.csv")}, row
     assert [c[0] for c in calls].count("genrec.report") == 1
 
     out, calls = script(tmp_path, "tiger-apao_pairwise-s43", "tiger-ce-s43", "tiger-msl-s42")

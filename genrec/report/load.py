@@ -106,6 +106,24 @@ class Run:
         score = ((self.metrics or {}).get("eval_score"), e.get("eval_score"))
         return e.get("beam") == self.cfg["eval"].get("beam") and (None in score or score[0] == score[1])
 
+    @property
+    def scoring(self) -> tuple[str, float]:
+        """The run's own (eval.score, eval.temperature): its metrics.json's, else its config's."""
+        m, e = self.metrics or {}, self.cfg.get("eval", {})
+        return str(m.get("eval_score", e.get("score", "full"))), float(m.get("eval_temperature",
+                                                                            e.get("temperature", 1.0)))
+
+    def by_scoring(self, split: str = "test") -> dict[tuple[str, float], dict]:
+        """Values per scoring (score, temperature): the run's own (`values`, its own full-rank re-evaluation's keys
+        winning: the same one-process evaluation as the others) and each other scoring of its full-rank
+        re-evaluations at its own beam (`genrec.evaluate ... eval.score=masked eval.full_rank=true`)."""
+        out = {self.scoring: dict(self.values)}
+        for e in self.evals(split):
+            if e.get("full_rank") and e.get("beam") == self.cfg["eval"].get("beam"):
+                k = (str(e.get("eval_score", self.scoring[0])), float(e.get("eval_temperature", self.scoring[1])))
+                out[k] = {**out[k], **e} if k == self.scoring else e
+        return out
+
     @cached_property
     def values(self) -> dict:
         """metrics.json plus the metric keys it lacks (e.g. test/pruning_rate@k) from the run's full-rank

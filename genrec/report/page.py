@@ -76,6 +76,27 @@ def row_cost(chosen: dict[Cell, Variant], rows: list[Cell], baseline: str) -> pd
     return pd.DataFrame(table)
 
 
+def scoring_rows(chosen: dict[Cell, Variant], rows: list[Cell], metrics: list[str], split: str) -> pd.DataFrame:
+    """Each row under every scoring of its runs (Run.by_scoring), its own first, mean over the seeds that have
+    it; rows evaluated under one scoring only are left out."""
+    table = []
+    for c in rows:
+        runs = chosen[c].runs
+        per = [r.by_scoring(split) for r in runs]
+        if all(len(p) < 2 for p in per):
+            continue
+        own = runs[0].scoring
+        for k in sorted({k for p in per for k in p}, key=lambda k: (k != own, k)):
+            have = [(r, p[k]) for r, p in zip(runs, per) if k in p]
+            line = {**_name(*c), "Scoring": f"{k[0]}, τ {k[1]:g}" + (" (own)" if k == own else ""),
+                    "Seeds": ",".join(str(r.seed) for r, _ in have)}
+            for m in metrics:
+                v = [x for _, p in have if isinstance(x := p.get(f"{split}/{m}"), (int, float))]
+                line[m] = _num(statistics.fmean(v) if v else None, ".4f")
+            table.append(line)
+    return pd.DataFrame(table)
+
+
 def paired_rows(pairs: pd.DataFrame) -> pd.DataFrame:
     """paired.py's table as the page shows it."""
     def seeds(x: list) -> str:
@@ -94,6 +115,8 @@ def write_page(path: Path, intro: str, df: pd.DataFrame, chosen: dict[Cell, Vari
     shown = sorted(chosen, key=lambda c: (c[0], c[1], order.get(c[2], 0.0), c[2]))
     rows = [c for c in shown if chosen[c].runs]
     base, n = baseline.upper(), summary["runs"]
+    metrics = [m for m in dict.fromkeys(df["metric"]) if m not in PRUNING]
+    scoring = scoring_rows(chosen, rows, metrics + PRUNING, split)
     lines = [f"# Results: {', '.join(sorted({d for d, _, _ in chosen}))}", "", intro.rstrip(), "",
              f"*Written by `python -m genrec.report` from {sum(n.values())} run dirs ({n['ok']} ok, {n['failed']} "
              f"failed, {n['running']} running); rebuild it with the command under Rerun.*", "",
@@ -111,6 +134,14 @@ def write_page(path: Path, intro: str, df: pd.DataFrame, chosen: dict[Cell, Vari
              "randomization p. It measures the test set's noise for these trained models, not the spread between "
              "seeds, and pairs the seeds listed (any two, also different ones).", "",
              markdown(paired_rows(pairs), 3) if len(pairs) else "No two rows have per-user ranks yet.\n",
+             "## Scoring", "", "Each row under every scoring (`eval.score`, temperature τ) its runs were evaluated "
+             "with: its own (its objective's default, as that objective's release evaluates) and every other of its "
+             "full-rank re-evaluations at its own beam, from one-process re-evaluations (`genrec.evaluate`; the own "
+             "scoring from metrics.json where a run has none); mean over the seeds listed. It separates what an "
+             "objective's training changes from what its scoring changes (rows evaluated one way only are left out).",
+             "", markdown(scoring, 5) if len(scoring) else
+             "No run has a full-rank re-evaluation under another scoring yet: `python -m genrec.evaluate "
+             "ckpt=<run dir> eval.score=masked eval.temperature=1 eval.full_rank=true`.\n",
              "## Figures", ""]
     for d, b, f in figures:
         kind = next(k for k in CAPTIONS if f.name.startswith(k))
