@@ -175,7 +175,8 @@ BEAR = {"_target_": "genrec.objectives.bear.BEAR", "form": "reweight", "lam": 0.
 
 def test_scoring_section_sets_each_row_beside_itself_under_every_scoring_it_was_re_evaluated_with(tmp_path):
     """A row's own scoring (its full-rank re-evaluation, else metrics.json) and each other scoring of its full-rank
-    re-evaluations at its own beam, mean over the seeds that have it; rows evaluated one way only are left out."""
+    re-evaluations at its own beam, mean over the seeds evaluated more than one way; rows evaluated one way only
+    are left out."""
     runs = tmp_path / "runs"
     ce42 = write_run(runs / "ce-42", "office", "tiger", OBJECTIVES["ce"], 42,
                      {"test/recall@10": 0.050, "test/ndcg@10": 0.025, "eval_score": "full", "eval_temperature": 1.0})
@@ -190,6 +191,8 @@ def test_scoring_section_sets_each_row_beside_itself_under_every_scoring_it_was_
                       "test/pruning_rate@10": 0.22, "eval_score": "full", "eval_temperature": 1.0})
     write_eval(ce43, 20, True, {"test/recall@10": 0.056, "test/ndcg@10": 0.028, "test/pruning_rate@5": 0.24,
                                 "test/pruning_rate@10": 0.12}, score="masked")
+    write_run(runs / "ce-44", "office", "tiger", OBJECTIVES["ce"], 44,  # its own scoring only: not in CE's means
+              {"test/recall@10": 0.070, "test/ndcg@10": 0.035, "eval_score": "full", "eval_temperature": 1.0})
     bear = write_run(runs / "bear-42", "office", "tiger", BEAR, 42,
                      {"test/recall@10": 0.060, "test/ndcg@10": 0.030, "eval_score": "masked", "eval_temperature": 1.0},
                      extra={"eval": {"beam": 20, "ks": [5, 10, 20], "score": "masked", "temperature": 1.0}})

@@ -77,17 +77,16 @@ def row_cost(chosen: dict[Cell, Variant], rows: list[Cell], baseline: str) -> pd
 
 
 def scoring_rows(chosen: dict[Cell, Variant], rows: list[Cell], metrics: list[str], split: str) -> pd.DataFrame:
-    """Each row under every scoring of its runs (Run.by_scoring), its own first, mean over the seeds that have
-    it; rows evaluated under one scoring only are left out."""
+    """Each row under every scoring of its runs (Run.by_scoring), its own first, mean over the runs evaluated
+    under more than one (so that a row's lines average the same seeds); rows evaluated one way only are left out."""
     table = []
     for c in rows:
-        runs = chosen[c].runs
-        per = [r.by_scoring(split) for r in runs]
-        if all(len(p) < 2 for p in per):
+        runs = [(r, p) for r in chosen[c].runs if len(p := r.by_scoring(split)) > 1]
+        if not runs:
             continue
-        own = runs[0].scoring
-        for k in sorted({k for p in per for k in p}, key=lambda k: (k != own, k)):
-            have = [(r, p[k]) for r, p in zip(runs, per) if k in p]
+        own = runs[0][0].scoring
+        for k in sorted({k for _, p in runs for k in p}, key=lambda k: (k != own, k)):
+            have = [(r, p[k]) for r, p in runs if k in p]
             line = {**_name(*c), "Scoring": f"{k[0]}, τ {k[1]:g}" + (" (own)" if k == own else ""),
                     "Seeds": ",".join(str(r.seed) for r, _ in have)}
             for m in metrics:
@@ -137,8 +136,9 @@ def write_page(path: Path, intro: str, df: pd.DataFrame, chosen: dict[Cell, Vari
              "## Scoring", "", "Each row under every scoring (`eval.score`, temperature τ) its runs were evaluated "
              "with: its own (its objective's default, as that objective's release evaluates) and every other of its "
              "full-rank re-evaluations at its own beam, from one-process re-evaluations (`genrec.evaluate`; the own "
-             "scoring from metrics.json where a run has none); mean over the seeds listed. It separates what an "
-             "objective's training changes from what its scoring changes (rows evaluated one way only are left out).",
+             "scoring from metrics.json where a run has none); mean over the seeds listed, those evaluated more than "
+             "one way. It separates what an objective's training changes from what its scoring changes (rows "
+             "evaluated one way only are left out).",
              "", markdown(scoring, 5) if len(scoring) else
              "No run has a full-rank re-evaluation under another scoring yet: `python -m genrec.evaluate "
              "ckpt=<run dir> eval.score=masked eval.temperature=1 eval.full_rank=true`.\n",
