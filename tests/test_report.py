@@ -419,9 +419,9 @@ def test_seeds_run_on_other_hardware_share_a_cell(tmp_path):
 
 
 def test_runs_of_another_preset_are_their_own_row(tmp_path):
-    """office_cpu CE (2 seeds) + APAO and one apao_release CE: the release run is a row of its own, "CE
-    [apao_release]", right after CE, with the paper's CE number and its gain over the main recipe's CE; a
-    report of one recipe only has no suffix."""
+    """office_cpu CE (2 seeds) + APAO and one apao_release CE + APAO: the release runs are rows of their own,
+    "CE [apao_release]" right after CE, with the paper's numbers; gains are within a recipe (APAO [apao_release]
+    over CE [apao_release], which is a baseline itself); a report of one recipe only has no suffix."""
     office, release = {"tags": ["office_cpu"]}, {"tags": ["apao_release"]}
     for seed, r10 in ((1, 0.04), (2, 0.05)):
         write_run(tmp_path / "runs" / f"ce{seed}", "office", "tiger", OBJECTIVES["ce"], seed, {"test/recall@10": r10},
@@ -430,18 +430,24 @@ def test_runs_of_another_preset_are_their_own_row(tmp_path):
               extra=office)
     write_run(tmp_path / "release" / "ce", "office", "tiger", OBJECTIVES["ce"], 1, {"test/recall@10": 0.0612},
               extra=release)
+    write_run(tmp_path / "release" / "apao", "office", "tiger", OBJECTIVES["pointwise"], 1, {"test/recall@10": 0.07},
+              extra=release)
     paper = {"office": {"tiger": {"CE": {"recall@10": 0.0608}, "APAO-pointwise": {"recall@10": 0.0667}}}}
     s = rep.report([tmp_path], tmp_path / "out", ["recall@10"], paper=paper)
     cells = {c["objective"]: c for c in s["cells"]}
-    assert [r["objective"] for r in s["rows"]] == ["CE", "CE [apao_release]", "APAO-pointwise"]
+    assert [r["objective"] for r in s["rows"]] == ["CE", "CE [apao_release]", "APAO-pointwise",
+                                                   "APAO-pointwise [apao_release]"]
     assert cells["CE"]["n"] == 2 and cells["CE [apao_release]"]["n"] == 1
     assert cells["CE"]["paper"] == cells["CE [apao_release]"]["paper"] == 0.0608
     assert cells["CE [apao_release]"]["paper_gain"] is None and cells["CE"]["gain"] is None
-    assert cells["CE [apao_release]"]["gain"] == pytest.approx((0.0612 / 0.045 - 1) * 100)
+    assert cells["CE [apao_release]"]["gain"] is None  # a baseline: the recipes are not compared
     assert cells["APAO-pointwise"]["gain"] == pytest.approx((0.06 / 0.045 - 1) * 100)
-    assert cells["APAO-pointwise"]["paper_gain"] == pytest.approx((0.0667 / 0.0608 - 1) * 100)
+    assert cells["APAO-pointwise [apao_release]"]["gain"] == pytest.approx((0.07 / 0.0612 - 1) * 100)
+    for apao in ("APAO-pointwise", "APAO-pointwise [apao_release]"):
+        assert cells[apao]["paper_gain"] == pytest.approx((0.0667 / 0.0608 - 1) * 100)
     s = rep.report([tmp_path / "release"], tmp_path / "one", ["recall@10"], paper=paper)
-    assert [(c["objective"], c["mean"], c["paper"]) for c in s["cells"]] == [("CE", 0.0612, 0.0608)]
+    assert [(c["objective"], c["mean"], c["paper"]) for c in s["cells"]] == [("CE", 0.0612, 0.0608),
+                                                                             ("APAO-pointwise", 0.07, 0.0667)]
 
 
 def write_eval(run: Path, beam: int, full: bool, metrics: dict, score: str = "full", temperature: float = 1.0,

@@ -4,7 +4,7 @@
     python -m genrec.report runs=[multirun/2026-01-01_10-00-00] metrics=[recall@5,ndcg@5] out=reports/tiny
 
 Table: rows backbone × objective (+ the row's seed count), columns dataset × metric; mean ± std (sample,
-over seeds), gain (%) of the mean over the `baseline` row of the same backbone and dataset, the best mean
+over seeds), gain (%) of the mean over the `baseline` row of the same backbone, dataset and preset, the best mean
 per column within each backbone in bold; with `paper` (reference numbers), a "paper <metric>" column
 beside each metric that has one, with the reference's own gain over its baseline row. Several
 configurations of one objective on one dataset and backbone (a β × η sweep) are reduced to the one with

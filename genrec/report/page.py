@@ -120,8 +120,9 @@ def write_page(path: Path, intro: str, df: pd.DataFrame, chosen: dict[Cell, Vari
              f"*Written by `python -m genrec.report` from {sum(n.values())} run dirs ({n['ok']} ok, {n['failed']} "
              f"failed, {n['running']} running); rebuild it with the command under Rerun.*", "",
              "## Table", "", f"{split.title()} mean ± std over seeds (Seeds: how many), in brackets the gain over "
-             f"{base} of the same backbone; bold: the best per backbone. \"paper\": the reference numbers, with their "
-             "gain over the paper's own baseline. A row \"[preset]\" was trained with another preset than the rest.",
+             f"{base} of the same backbone and preset; bold: the best per backbone. \"paper\": the reference numbers, with "
+             "their gain over the paper's own baseline. A row \"[preset]\" was trained with another preset than the "
+             "rest (its objectives are compared with that preset's CE, never across presets).",
              "", markdown(flat(df)),
              "## Pruning rate", "", f"{CAPTIONS['pruning_rate']}, from each run's full-rank evaluation at its own beam "
              f"(`eval.full_rank=true`); mean ± std over seeds, in brackets the change vs {base}; —: no full-rank "

@@ -1,5 +1,5 @@
 """The table: one cell per (backbone, objective, dataset, metric), mean ± std over seeds, gain over the
-baseline row, best mean per backbone block (the lowest for a pruning rate); optional reference numbers (a paper's) as extra columns.
+baseline row of the same recipe, best mean per backbone block (the lowest for a pruning rate); optional reference numbers (a paper's) as extra columns.
 Written as table.md / table.tex / table.csv (wide, as shown) and cells.csv (long, numeric)."""
 
 from __future__ import annotations
@@ -59,10 +59,12 @@ def _status(v: Variant | None, n: int) -> str:
 
 
 def gain(df: pd.DataFrame, col: str, baseline: str) -> pd.Series:
-    """100 (x / x_baseline - 1), x_baseline: the baseline row's value in the same backbone, dataset, metric."""
-    is_base = df["objective"].str.lower() == baseline.lower()
-    base = df[is_base].set_index(["backbone", "dataset", "metric"])[col]
-    b = df.join(base.rename("base"), on=["backbone", "dataset", "metric"])["base"]
+    """100 (x / x_baseline - 1), x_baseline: the baseline row's value in the same backbone, dataset, metric and
+    recipe ("CE [apao_release]" for "APAO-pointwise [apao_release]": objectives are compared within a recipe)."""
+    on = ["backbone", "dataset", "metric", "recipe"]
+    df = df.assign(recipe=[lab[len(base_label(lab)):] for lab in df["objective"]])
+    is_base = df["objective"].str.lower() == (baseline + df["recipe"]).str.lower()
+    b = df.join(df[is_base].set_index(on)[col].rename("base"), on=on)["base"]
     return (100.0 * (df[col] / b - 1.0)).where(~is_base & (b != 0))
 
 
