@@ -125,8 +125,9 @@ def write_page(path: Path, intro: str, df: pd.DataFrame, chosen: dict[Cell, Vari
              "rest (its objectives are compared with that preset's CE, never across presets).",
              "", markdown(flat(df)),
              "## Pruning rate", "", f"{CAPTIONS['pruning_rate']}, from each run's full-rank evaluation at its own beam "
-             f"(`eval.full_rank=true`); mean ± std over seeds, in brackets the change vs {base}; —: no full-rank "
-             "evaluation.", "", markdown(flat(cells(chosen, order, PRUNING, split, baseline))),
+             "and scoring (`eval.full_rank=true`; the rows under one scoring: section Scoring); mean ± std over "
+             f"seeds, in brackets the change vs {base}; —: no full-rank evaluation.", "",
+             markdown(flat(cells(chosen, order, PRUNING, split, baseline))),
              "## Paired test over users", "", f"Each row against {base} of the same backbone and preset on the same "
              f"{split} users: the mean per-user difference (a hit for recall, the NDCG gain), averaged over the seeds "
              "with per-user ranks (`test_ranks.csv`, or a re-evaluation's `eval/<name>.ranks.csv`), its 95% bootstrap "
