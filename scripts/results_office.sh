@@ -35,6 +35,10 @@ RECIPE=${RECIPE:-office_cpu}
 JOBS=${JOBS:-1}
 LIMIT=${LIMIT:-0}
 SCORINGS=${SCORINGS:-full:1 masked:1}
+for s in $SCORINGS; do  # before any training: a bad one would only fail after a row's hours
+  [[ $s =~ ^(full|masked):[0-9]+(\.[0-9]+)?$ ]] || {
+    echo "error: SCORINGS=$SCORINGS: '$s' is not <full|masked>:<temperature>, e.g. masked:1" >&2; exit 2; }
+done
 case $RECIPE in
   office_cpu) BASE="experiment=office_cpu" ;;
   apao_release) BASE="experiment=apao_release" ;;

@@ -111,3 +111,9 @@ def test_list_says_which_rows_are_done_and_which_the_config_check_refuses(tmp_pa
     assert "no    error: trainer.batch_size=255: APAO moves" in out.stdout
     assert [c[0] for c in calls] == ["genrec.config_check"]  # one process for every row not done
     assert "objective=ce" not in calls[0][:calls[0].index("--")]  # the done CE s42 row is not checked
+
+
+def test_a_bad_scoring_is_refused_before_any_row_trains(tmp_path):
+    out, calls = script(tmp_path, "tiger-ce-s43", SCORINGS="full:1 masked")
+    assert out.returncode == 2 and calls == [], out.stderr
+    assert out.stderr.strip() == "error: SCORINGS=full:1 masked: 'masked' is not <full|masked>:<temperature>, e.g. masked:1"
