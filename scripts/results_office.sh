@@ -112,7 +112,7 @@ print("%s:%g" % (m.get("eval_score", "full"), m.get("eval_temperature", 1.0)))' 
 
 # One row: train (resumable; LIMIT stops it, the next call resumes), re-evaluate, copy its summary.
 row() {
-  local row=$1 run=$RUNS/$1 ref s
+  local row=$1 run=$RUNS/$1 ref s own
   ref=$(grep -o 'init_from=@[^ ]*' <<< "${ROWS[$row]}" | cut -d@ -f2 || true)
   if [[ -n "$ref" && ! -f $RUNS/$ref/metrics.json ]]; then
     echo "$row: waits for $ref (not finished)"; return 0
@@ -124,9 +124,10 @@ row() {
   fi
   if [[ ${FULL_RANK:-1} != 0 ]]; then
     $PY -m genrec.evaluate ckpt="$run" eval.full_rank=true  # exact full ranking: PR@k
+    own=$(own_scoring "$run")
     for s in $SCORINGS; do  # and under the other scorings: what the scoring changes, apart from the training
-      [[ $s == "$(own_scoring "$run")" ]] || $PY -m genrec.evaluate ckpt="$run" eval.full_rank=true \
-                                                 eval.score="${s%:*}" eval.temperature="${s#*:}"
+      [[ $s == "$own" ]] || $PY -m genrec.evaluate ckpt="$run" eval.full_rank=true eval.score="${s%:*}" \
+                                eval.temperature="${s#*:}"
     done
   fi
   mkdir -p "$DOCS/$row"

@@ -471,6 +471,7 @@ def test_full_rank_reevaluation_supplies_the_metrics_a_run_lacks(tmp_path):
     write_eval(run, 20, True, {"test/pruning_rate@5": 0.2, "test/pruning_rate@10": 0.3, "test/recall@10": 0.9})
     write_eval(run, 10, True, {"test/pruning_rate@20": 0.5})  # another beam
     write_eval(run, 20, True, {"test/pruning_rate@20": 0.6}, score="masked")  # another scoring
+    write_eval(run, 20, True, {"test/pruning_rate@20": 0.65}, temperature=2.0)  # another temperature
     write_eval(run, 20, False, {"test/ndcg@10": 0.7})  # not full ranking
     (run / "eval" / "test-beam20-full-last.json").write_text(json.dumps(  # another checkpoint of the run
         {"test/pruning_rate@20": 0.8, "beam": 20, "full_rank": True, "eval_score": "full", "checkpoint": "x/last.ckpt"}))

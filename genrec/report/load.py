@@ -101,11 +101,6 @@ class Run:
     def evals(self, split: str = "*") -> list[dict]:
         return [j for _, j in self.eval_files(split)]
 
-    def own_scoring(self, e: dict) -> bool:
-        """A re-evaluation `e` at the run's own beam and scoring."""
-        score = ((self.metrics or {}).get("eval_score"), e.get("eval_score"))
-        return e.get("beam") == self.cfg["eval"].get("beam") and (None in score or score[0] == score[1])
-
     @property
     def scoring(self) -> tuple[str, float]:
         """The run's own (eval.score, eval.temperature): its metrics.json's, else its config's."""
@@ -113,14 +108,26 @@ class Run:
         return str(m.get("eval_score", e.get("score", "full"))), float(m.get("eval_temperature",
                                                                             e.get("temperature", 1.0)))
 
+    def scoring_of(self, e: dict) -> tuple[str, float]:
+        """(eval.score, eval.temperature) of a re-evaluation `e`; what its file does not say is the run's own."""
+        own = self.scoring
+        return str(e.get("eval_score", own[0])), float(e.get("eval_temperature", own[1]))
+
+    def at_own_beam(self, e: dict) -> bool:
+        return e.get("beam") == self.cfg["eval"].get("beam")
+
+    def own_scoring(self, e: dict) -> bool:
+        """A re-evaluation `e` at the run's own beam and scoring (score and temperature)."""
+        return self.at_own_beam(e) and self.scoring_of(e) == self.scoring
+
     def by_scoring(self, split: str = "test") -> dict[tuple[str, float], dict]:
         """Values per scoring (score, temperature): the run's own (`values`, its own full-rank re-evaluation's keys
         winning: the same one-process evaluation as the others) and each other scoring of its full-rank
         re-evaluations at its own beam (`genrec.evaluate ... eval.score=masked eval.full_rank=true`)."""
         out = {self.scoring: dict(self.values)}
         for e in self.evals(split):
-            if e.get("full_rank") and e.get("beam") == self.cfg["eval"].get("beam"):
-                k = (str(e.get("eval_score", self.scoring[0])), float(e.get("eval_temperature", self.scoring[1])))
+            if e.get("full_rank") and self.at_own_beam(e):
+                k = self.scoring_of(e)
                 out[k] = {**out[k], **e} if k == self.scoring else e
         return out
 
