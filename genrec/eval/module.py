@@ -8,6 +8,7 @@ de-duplicated by example index and only then summarised.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import lightning as L
@@ -20,6 +21,10 @@ from genrec.data.datamodule import Examples
 from genrec.runs import write_text
 from genrec.sid.codes import SemanticIds
 from genrec.sid.trie import Trie
+
+# Every rank logs metrics summarised from the rows gathered over all ranks (_eval_epoch_end), so Lightning's
+# advice to reduce them again (sync_dist=True) is a false alarm, printed once per metric under DDP.
+warnings.filterwarnings("ignore", message=r".*sync_dist=True.* when logging on epoch level", category=UserWarning)
 
 
 class EvalModule(L.LightningModule):
