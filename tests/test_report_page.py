@@ -20,6 +20,7 @@ from test_report import OBJECTIVES, ROOT, write_eval, write_run
 OFFICE, RELEASE = {"tags": ["office_cpu"]}, {"tags": ["apao_release"]}
 R10 = {("ce", 42): 0.050, ("ce", 43): 0.054, ("pointwise", 42): 0.058, ("release", 42): 0.061}
 PR = {("ce", 42): (0.30, 0.20), ("ce", 43): (0.34, 0.22), ("pointwise", 42): (0.27, 0.15)}  # PR@5, PR@10
+PREFIX = {1: lambda r10: 0.3 + r10, 2: lambda r10: 0.1 + r10 / 2}  # prefix recall at step m from a run's R@10
 COST = {("ce", 42): (600.0, 400.0, 10), ("ce", 43): (660.0, 450.0, 9), ("pointwise", 42): (1500.0, 1200.0, 10),
         ("release", 42): (4000.0, None, 30)}  # seconds, train_seconds, epochs
 
@@ -30,7 +31,7 @@ def pages(root: Path) -> Path:
     runs = root / "runs"
     for (obj, seed), r10 in R10.items():
         wall, train, epochs = COST[(obj, seed)]
-        m = {"test/recall@10": r10, "test/ndcg@10": r10 / 2, "test/prefix_recall@1": 0.3, "test/prefix_recall@2": 0.1,
+        m = {"test/recall@10": r10, "test/ndcg@10": r10 / 2, **{f"test/prefix_recall@{s}": f(r10) for s, f in PREFIX.items()},
              "seconds": wall, "train_seconds": train, "epochs": epochs, "best_epoch": epochs - 2, "processes": 1,
              "peak_rss_gb": 2.5 + seed / 100, "eval_score": "full"}
         if obj == "ce":
@@ -99,6 +100,15 @@ def test_results_page_sections(tmp_path):
         assert pr["CE"][f"office pruning_rate@{k}"] == f"{ce:.4f} ± {ce_std:.4f}"
         assert pr["APAO-pointwise"][f"office pruning_rate@{k}"] == f"**{apao:.4f}** ({(apao / ce - 1) * 100:+.2f}%)"
         assert pr["CE [apao_release]"][f"office pruning_rate@{k}"] == "—"
+
+    # (b') prefix recall per beam step: mean over seeds at each step, in brackets the change vs CE at that step
+    prefix = {r["Objective"]: r for r in table(section(text, "Prefix recall per beam step"))}
+    for step, f in PREFIX.items():
+        ce = [f(R10[("ce", 42)]), f(R10[("ce", 43)])]
+        apao, col = f(R10[("pointwise", 42)]), f"office prefix_recall@{step}"
+        assert prefix["CE"][col] == f"{statistics.fmean(ce):.4f} ± {statistics.stdev(ce):.4f}"
+        assert prefix["APAO-pointwise"][col] == f"{apao:.4f} ({(apao / statistics.fmean(ce) - 1) * 100:+.2f}%)"
+        assert prefix["CE [apao_release]"][col] == f"**{f(R10[('release', 42)]):.4f}**"
 
     # (c) figures: links relative to the page's folder, to the PNGs the report drew
     links = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", section(text, "Figures"))

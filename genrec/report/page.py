@@ -116,6 +116,8 @@ def write_page(path: Path, intro: str, df: pd.DataFrame, chosen: dict[Cell, Vari
     base, n = baseline.upper(), summary["runs"]
     metrics = [m for m in dict.fromkeys(df["metric"]) if m not in PRUNING]
     scoring = scoring_rows(chosen, rows, metrics + PRUNING, split)
+    steps = sorted({k.split("/", 1)[1] for c in rows for r in chosen[c].runs for k in r.values
+                    if k.startswith(f"{split}/prefix_recall@")}, key=lambda m: int(m.rsplit("@", 1)[1]))
     lines = [f"# Results: {', '.join(sorted({d for d, _, _ in chosen}))}", "", intro.rstrip(), "",
              f"*Written by `python -m genrec.report` from {sum(n.values())} run dirs ({n['ok']} ok, {n['failed']} "
              f"failed, {n['running']} running); rebuild it with the command under Rerun.*", "",
@@ -124,6 +126,9 @@ def write_page(path: Path, intro: str, df: pd.DataFrame, chosen: dict[Cell, Vari
              "their gain over the paper's own baseline. A row \"[preset]\" was trained with another preset than the "
              "rest (its objectives are compared with that preset's CE, never across presets).",
              "", markdown(flat(df)),
+             "## Prefix recall per beam step", "", f"{CAPTIONS['prefix_recall']} (APAO's claim: its gain over {base} "
+             f"grows along the beam); mean ± std over seeds, in brackets the change vs {base} at that step.", "",
+             markdown(flat(cells(chosen, order, steps, split, baseline))) if steps else "No run has prefix recall.\n",
              "## Pruning rate", "", f"{CAPTIONS['pruning_rate']}, from each run's full-rank evaluation at its own beam "
              "and scoring (`eval.full_rank=true`; the rows under one scoring: section Scoring); mean ± std over "
              f"seeds, in brackets the change vs {base}; —: no full-rank evaluation.", "",
