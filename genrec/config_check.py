@@ -207,7 +207,7 @@ def _micro_batches_as_the_recipe(cfg: DictConfig) -> str | None:
         return None
     if not (state := state_per_micro_batch(objective)):
         return None
-    moves = (f"{target.rsplit('.', 1)[-1]} moves {state} once per micro-batch, "
+    moves = (f"{target.rsplit('.', 1)[-1]} sets {state} once per micro-batch, "
              f"protocol.micro_batches={want} times per step")
     anyway = "protocol.micro_batches=null to run it anyway, not as the recipe"
     devices, nodes, batch = (_get(cfg, f"trainer.{k}") for k in ("devices", "num_nodes", "batch_size"))

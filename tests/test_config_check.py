@@ -59,11 +59,11 @@ BAD = [  # (overrides, the one line after "error: ")
     (["eval.temperature=0"], "eval.temperature=0: a number > 0, or null"),
     (["trainer.monitor_mode=up"], "trainer.monitor_mode=up: one of max, min"),
     (["experiment=apao_release", "trainer=ddp", "objective=apao_pointwise"],  # 8 accumulated x 2 GPUs = 16
-     "trainer.accumulate=8: APAO moves its prefix weights (objective.weights=paper) once per micro-batch, "
+     "trainer.accumulate=8: APAO sets its prefix weights (objective.weights=released) once per micro-batch, "
      "protocol.micro_batches=8 times per step in this recipe, not a multiple of trainer.accumulate x 2 process(es) "
      "(protocol.micro_batches=null to run it anyway, not as the recipe)"),
     (["experiment=apao_release_cpu", "objective=apao_pointwise", "trainer.batch_size=255"],
-     "trainer.batch_size=255: APAO moves its prefix weights (objective.weights=paper) once per micro-batch, "
+     "trainer.batch_size=255: APAO sets its prefix weights (objective.weights=released) once per micro-batch, "
      "protocol.micro_batches=8 times per step in this recipe, i.e. 2 equal chunks of each micro-batch here "
      "(protocol.micro_batches=null to run it anyway, not as the recipe)"),
     (["experiment=apao_release", "protocol.micro_batches=0"], "protocol.micro_batches=0: an integer >= 1, or null"),
@@ -184,7 +184,7 @@ def test_config_check_cli_gives_one_verdict_per_command_line(tmp_path):
                "experiment=tiny", "eval.beam=0")
     lines = out.stdout.splitlines()
     assert out.returncode == 2 and len(lines) == 4 and lines[0] == "ok", out.stderr
-    assert lines[1].startswith("error: trainer.accumulate=8: APAO moves its prefix weights")
+    assert lines[1].startswith("error: trainer.accumulate=8: APAO sets its prefix weights")
     assert lines[2] == ("error: In 'config': Could not find 'objective/nope' Available options in 'objective': apao "
                         "apao_pairwise apao_pointwise bear ce msl sdpo sdpo_2stage")
     assert lines[3] == "error: eval.beam=0: an integer >= 1"  # (_cli's data_dir= joins the last command line)

@@ -299,25 +299,27 @@ def _release_step(obj, bb, micro_batches):
     return torch.stack(losses), torch.stack(grads)
 
 
-def _recipe_apao(sids, bb, updates=None):
-    obj = APAO("pointwise", "paper", eta=0.5, beta=0.3)
+def _recipe_apao(sids, bb, updates=None, weights="paper"):
+    obj = APAO("pointwise", weights, eta=0.5, beta=0.3)
     ctx = make_ctx(sids)
     ctx.updates_per_micro_batch = updates
     obj.setup(ctx, bb)
     return obj
 
 
+@pytest.mark.parametrize("weights", ["paper", "released"])
 @pytest.mark.parametrize("n, chunks", [(8, 2), (10, 4)])
-def test_paper_weights_step_once_per_recipe_micro_batch(n, chunks):
-    """One micro-batch of ours holding `chunks` of the recipe's (protocol.micro_batches / trainer.accumulate):
-    the weights take the recipe's sequential steps, and the loss and its gradient are the recipe's, each chunk
-    weighted by w after its own step (unequal chunks: by their share of the examples)."""
+def test_prefix_weights_follow_each_recipe_micro_batch(n, chunks, weights):
+    """One micro-batch of ours holding `chunks` of the recipe's (protocol.micro_batches / trainer.accumulate): the
+    loss and its gradient are the recipe's, each chunk weighted by its own w (unequal chunks: by their share of the
+    examples). `paper`: w takes the recipe's sequential steps, each chunk weighted by w after its own step;
+    `released` (what the APAO release's code runs): w recomputed from each chunk's losses alone."""
     sids, _, batch = case(batch=n)
     bb = ToyBackbone(sids.vocab_size)
-    release, ours = _recipe_apao(sids, bb), _recipe_apao(sids, bb, updates=chunks)
+    release, ours = _recipe_apao(sids, bb, None, weights), _recipe_apao(sids, bb, chunks, weights)
     sizes = [len(c) for c in torch.arange(n).tensor_split(chunks)]
     share = torch.tensor(sizes, dtype=torch.float32) / n
-    for _ in range(2):  # the weights carry over from step to step
+    for _ in range(2):  # paper: the weights carry over from step to step
         losses, grads = _release_step(release, bb, _slices(batch, sizes))
         bb.zero_grad()
         loss, terms = ours(batch, bb)
@@ -325,11 +327,10 @@ def test_paper_weights_step_once_per_recipe_micro_batch(n, chunks):
         torch.testing.assert_close(loss.detach(), (share * losses).sum())
         torch.testing.assert_close(_grad(bb), (share[:, None] * grads).sum(0))
         torch.testing.assert_close(ours.weights, release.weights, rtol=0, atol=1e-12)
-        assert [terms[f"apao/w{m}"].item() for m in (1, 2, 3)] == pytest.approx(ours.weights.tolist())
-    once = _recipe_apao(sids, bb)  # no recipe: one step per micro-batch of ours
-    for _ in range(2):
-        once(batch, bb)
-    assert (once.weights - ours.weights).abs().max() > 1e-3  # the test can tell the two apart
+        if weights == "paper":
+            assert [terms[f"apao/w{m}"].item() for m in (1, 2, 3)] == pytest.approx(ours.weights.tolist())
+    once, fresh = _recipe_apao(sids, bb, None, weights), _recipe_apao(sids, bb, chunks, weights)
+    assert abs(once(batch, bb)[0].item() - fresh(batch, bb)[0].item()) > 1e-4  # one w per micro-batch of ours differs
     with torch.no_grad():  # validation never steps them
         before = ours.weights.clone()
         ours(batch, bb)

@@ -95,3 +95,27 @@ def test_the_releases_micro_batch_count_separates_only_the_objectives_it_changes
     assert keys["ce", "before"] == keys["ce", "today"] and changes["ce"] == []
     assert keys["apao_pointwise", "before"] != keys["apao_pointwise", "today"]
     assert changes["apao_pointwise"] == ["protocol.micro_batches: None -> 8"]
+
+
+def test_the_releases_prefix_weights_separate_only_apao(tmp_path):
+    """office_cpu runs APAO's prefix weights as the release's code computes them since 2026-12-05
+    (protocol.prefix_weights: released, where objective.weights reads it): an APAO run from before (paper
+    weights) is another experiment and resumes only as it ran; a CE run from before joins today's CE."""
+    keys, changes = {}, {}
+    for objective in ("ce", "apao_pointwise"):
+        for when in ("before", "today"):
+            path = todays_run(tmp_path / f"{objective}-{when}", f"objective={objective}")
+            if when == "before":  # as written before the key
+                cfg = yaml.safe_load((path / "config.yaml").read_text())
+                del cfg["protocol"]["prefix_weights"]
+                if "weights" in cfg["objective"]:
+                    cfg["objective"]["weights"] = "paper"
+                (path / "config.yaml").write_text(yaml.safe_dump(cfg))
+                with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+                    today = compose("config", overrides=yaml.safe_load((path / "overrides.yaml").read_text()))
+                today.run_dir = str(path)
+                changes[objective] = config_changes(path / "config.yaml", today)
+            keys[objective, when] = load_runs([path])[0].key
+    assert keys["ce", "before"] == keys["ce", "today"] and changes["ce"] == []
+    assert keys["apao_pointwise", "before"] != keys["apao_pointwise", "today"]
+    assert changes["apao_pointwise"] == ["objective.weights: 'paper' -> 'released'"]

@@ -90,8 +90,8 @@ def test_a_row_the_config_check_refuses_stops_every_row_before_any_run_and_page_
     out, calls = script(tmp_path, "tiger-ce-s42", "tiger-apao_pointwise-s42", RECIPE="apao_release",
                         EXTRA="trainer=ddp")
     assert out.returncode == 2 and trained(calls) == [], out.stderr
-    assert out.stderr.strip().startswith("error: tiger-apao_pointwise-s42: trainer.accumulate=8: APAO moves its "
-                                         "prefix weights (objective.weights=paper) once per micro-batch")
+    assert out.stderr.strip().startswith("error: tiger-apao_pointwise-s42: trainer.accumulate=8: APAO sets its "
+                                         "prefix weights (objective.weights=released) once per micro-batch")
     assert [c[0] for c in calls] == ["genrec.config_check"]  # one check of both rows, before any run
     out, calls = script(tmp_path, "tiger-ce-s42", RECIPE="apao_release_cpu", PAGE="0", FULL_RANK="0")
     assert out.returncode == 0 and trained(calls) == ["tiger-ce-s42"], out.stderr
@@ -108,7 +108,7 @@ def test_list_says_which_rows_are_done_and_which_the_config_check_refuses(tmp_pa
     state = {line.split()[0]: line.split()[1] for line in out.stdout.splitlines()}
     assert out.returncode == 0 and state["tiger-ce-s42"] == "done" and state["tiger-msl-s42"] == "-"
     assert state["tiger-apao_pointwise-s42"] == state["llama-apao_pointwise-s43"] == "no"
-    assert "no    error: trainer.batch_size=255: APAO moves" in out.stdout
+    assert "no    error: trainer.batch_size=255: APAO sets" in out.stdout
     assert [c[0] for c in calls] == ["genrec.config_check"]  # one process for every row not done
     assert "objective=ce" not in calls[0][:calls[0].index("--")]  # the done CE s42 row is not checked
 

@@ -20,7 +20,9 @@ weights (detached):
              instead: every process's micro-batch is cut into equal chunks (the recipe's micro-batches),
              and w steps once per chunk, through all processes' chunks in rank order, each chunk's
              losses weighted by w after its own step.
-  released   recomputed per batch: w_m ∝ L_m exp(eta L_m) (∝ L_m at eta = 0).
+  released   what the APAO release's code runs (its T5/Llama_APAO_* models): recomputed per batch, no state,
+             w_m ∝ L_m exp(eta L_m) (∝ L_m at eta = 0; at eta <= 1e-4 and L_m ~ 1.5-6, within 0.05% of it).
+             Under protocol.micro_batches, from each of the recipe's micro-batches (chunks) alone.
   uniform    1 / T.     hardmax    one-hot on argmax_m L_m.
 `drop_prefix` = m removes prefix length m from the sum (ablation). `bear` = {lam, xi, beam,
 widths} (genrec/objectives/bear.py's BearTerm; lam = 0: off) adds BEAR's regularizer on the
@@ -102,8 +104,9 @@ class APAO(CE):
 
     @classmethod
     def state_per_micro_batch(cls, cfg: dict) -> str | None:
-        if cfg.get("weights", "paper") == "paper" and cfg.get("eta") and cfg.get("beta"):
-            return "its prefix weights (objective.weights=paper)"
+        weights = cfg.get("weights", "paper")
+        if cfg.get("beta") and (weights == "released" or (weights == "paper" and cfg.get("eta"))):
+            return f"its prefix weights (objective.weights={weights})"
         return None
 
     def __init__(
@@ -159,7 +162,7 @@ class APAO(CE):
         """sum_m w_m L_m for per-example prefix losses Lx [B, T], with this batch's L [T] and the w [T] to log."""
         L = Lx.mean(0)
         steps = self.ctx.updates_per_micro_batch
-        if self.weighting != "paper" or steps is None or not (self.training and torch.is_grad_enabled()):
+        if self.weighting not in ("paper", "released") or steps is None or not (self.training and torch.is_grad_enabled()):
             w = self.prefix_weights(L.detach())
             return (w * L).sum(), L, w
         rank, world = (dist.get_rank(), dist.get_world_size()) if _distributed() else (0, 1)
@@ -169,6 +172,10 @@ class APAO(CE):
                              f"micro-batches per micro-batch do not split evenly over {world} process(es)")
         chunks = Lx.tensor_split(int(per_process))  # this process's share of the recipe's micro-batches
         Lc = torch.stack([c.mean(0) if len(c) else torch.zeros_like(L) for c in chunks])  # [C, T]; empty: no step
+        share = torch.tensor([len(c) / len(Lx) for c in chunks], dtype=L.dtype, device=L.device)
+        if self.weighting == "released":  # recomputed from each of the recipe's micro-batches alone
+            mine = torch.stack([self.prefix_weights(Lk) for Lk in Lc.detach()])  # [C, T]
+            return (share[:, None] * mine * Lc).sum(), L, (share[:, None] * mine).sum(0)
         w, ws = self.weights, []
         for Lk in _process_cat(Lc.detach().double()):  # the recipe's micro-batches in order: one step each
             w = w * torch.exp(self.eta * Lk)
@@ -176,7 +183,6 @@ class APAO(CE):
             ws.append(w)
         self.weights.copy_(w)
         mine = torch.stack(ws[rank * len(chunks):(rank + 1) * len(chunks)]).to(L.dtype)  # [C, T]
-        share = torch.tensor([len(c) / len(Lx) for c in chunks], dtype=L.dtype, device=L.device)
         return (share[:, None] * mine * Lc).sum(), L, self.weights.to(L.dtype, copy=True)
 
     def prefix_weights(self, L: torch.Tensor) -> torch.Tensor:

@@ -38,8 +38,8 @@ class TrainContext:
     eval_beam: int  # the evaluator's beam width (BEAR's default B)
     seed: int
     # A reproduced recipe's micro-batches inside one of ours, over all processes (protocol.micro_batches /
-    # trainer.accumulate): state that moves once per micro-batch there (APAO's prefix weights) moves that
-    # often here. None: no recipe counts them (the state moves once per micro-batch of ours).
+    # trainer.accumulate): what an objective sets once per micro-batch there (APAO's prefix weights: a state's
+    # step, or weights from that micro-batch's losses) it sets that often here. None: no recipe counts them.
     updates_per_micro_batch: float | None = None
 
 
@@ -58,8 +58,8 @@ class Objective(nn.Module):
 
     @classmethod
     def state_per_micro_batch(cls, cfg: dict) -> str | None:
-        """What training state this objective (config `cfg`) moves once per micro-batch, None if nothing
-        (config_check: a preset reproducing another code's steps must then keep its micro-batches per step)."""
+        """What this objective (config `cfg`) sets once per micro-batch, None if nothing (config_check: a preset
+        reproducing another code's steps must then keep its micro-batches per step)."""
         return None
 
     def setup(self, ctx: TrainContext, backbone: Backbone) -> None:
