@@ -17,7 +17,7 @@ MOVED = {"genrec.data.sid.": "genrec.sid.tokenizers."}
 # Keys added since runs were first written, at the value that reproduces what genrec did before them (a
 # preset may set another value today: a run that predates the key never ran it).
 ADDED = {"optim.cooldown": 1.0, "optim.eps": 1e-8, "trainer.validate": "beam",
-         "protocol.micro_batches": None}  # office_cpu counts the release's since 2026-12-05 (APAO's weight steps)
+         "protocol.micro_batches": None}  # office_cpu counts the release's since 2026-12-05
 # Keys that say where, on what and under which name a run executes, or how it saves memory, not what it computes
 # (the same losses and metrics: tests/test_pinned_metrics.py): a resumed run may change them.
 EXECUTION = ("run_dir", "resume", "data_dir", "tags", "logger", "hydra",
