@@ -75,23 +75,30 @@ def test_without_its_command_line_an_older_run_stays_apart(tmp_path):
     assert runs[0].cfg["optim"]["cooldown"] == 1.0  # a key added since is known without it (genrec.runs.ADDED)
 
 
-def test_the_releases_micro_batch_count_separates_only_the_objectives_it_changes(tmp_path):
-    """office_cpu counts the release's 8 micro-batches per step since 2026-12-05 (protocol.micro_batches): APAO's
-    prefix weights step 8 times per step there instead of twice, so an APAO run from before is another experiment
-    and resumes only as it ran; CE computes the same either way, so its runs from before join today's and resume."""
+def before_and_today(tmp_path: Path, as_before) -> tuple[dict, dict]:
+    """CE and APAO-pointwise under today's office_cpu, each also as written before a preset change (`as_before`
+    edits a config in place): each run's report key, and what resuming the "before" run today would change."""
     keys, changes = {}, {}
     for objective in ("ce", "apao_pointwise"):
         for when in ("before", "today"):
             path = todays_run(tmp_path / f"{objective}-{when}", f"objective={objective}")
-            if when == "before":  # as written before the key: office_cpu had no protocol.micro_batches
+            if when == "before":
                 cfg = yaml.safe_load((path / "config.yaml").read_text())
-                del cfg["protocol"]["micro_batches"]
+                as_before(cfg)
                 (path / "config.yaml").write_text(yaml.safe_dump(cfg))
                 with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
                     today = compose("config", overrides=yaml.safe_load((path / "overrides.yaml").read_text()))
                 today.run_dir = str(path)
                 changes[objective] = config_changes(path / "config.yaml", today)
             keys[objective, when] = load_runs([path])[0].key
+    return keys, changes
+
+
+def test_the_releases_micro_batch_count_separates_only_the_objectives_it_changes(tmp_path):
+    """office_cpu counts the release's 8 micro-batches per step since 2026-12-05 (protocol.micro_batches): APAO's
+    prefix weights come from each of them, so an APAO run from before is another experiment and resumes only as it
+    ran; CE computes the same either way, so its runs from before join today's and resume."""
+    keys, changes = before_and_today(tmp_path, lambda cfg: cfg["protocol"].pop("micro_batches"))
     assert keys["ce", "before"] == keys["ce", "today"] and changes["ce"] == []
     assert keys["apao_pointwise", "before"] != keys["apao_pointwise", "today"]
     assert changes["apao_pointwise"] == ["protocol.micro_batches: None -> 8"]
@@ -101,21 +108,12 @@ def test_the_releases_prefix_weights_separate_only_apao(tmp_path):
     """office_cpu runs APAO's prefix weights as the release's code computes them since 2026-12-05
     (protocol.prefix_weights: released, where objective.weights reads it): an APAO run from before (paper
     weights) is another experiment and resumes only as it ran; a CE run from before joins today's CE."""
-    keys, changes = {}, {}
-    for objective in ("ce", "apao_pointwise"):
-        for when in ("before", "today"):
-            path = todays_run(tmp_path / f"{objective}-{when}", f"objective={objective}")
-            if when == "before":  # as written before the key
-                cfg = yaml.safe_load((path / "config.yaml").read_text())
-                del cfg["protocol"]["prefix_weights"]
-                if "weights" in cfg["objective"]:
-                    cfg["objective"]["weights"] = "paper"
-                (path / "config.yaml").write_text(yaml.safe_dump(cfg))
-                with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
-                    today = compose("config", overrides=yaml.safe_load((path / "overrides.yaml").read_text()))
-                today.run_dir = str(path)
-                changes[objective] = config_changes(path / "config.yaml", today)
-            keys[objective, when] = load_runs([path])[0].key
+    def as_before(cfg: dict) -> None:
+        del cfg["protocol"]["prefix_weights"]
+        if "weights" in cfg["objective"]:
+            cfg["objective"]["weights"] = "paper"
+
+    keys, changes = before_and_today(tmp_path, as_before)
     assert keys["ce", "before"] == keys["ce", "today"] and changes["ce"] == []
     assert keys["apao_pointwise", "before"] != keys["apao_pointwise", "today"]
     assert changes["apao_pointwise"] == ["objective.weights: 'paper' -> 'released'"]
