@@ -91,11 +91,11 @@ def state_per_micro_batch(objective: dict | None) -> str | None:
 
 
 def defining(flat: dict, objective: dict | None) -> dict:
-    """A flattened config without what changes nothing the run computes: `protocol.prefix_weights` (read, if at all,
-    into the objective's own resolved `weights`), and `protocol.micro_batches` when the run's objective keeps no
-    state or weights it sets once per micro-batch."""
-    drop = {"protocol.prefix_weights"} | (set() if state_per_micro_batch(objective) else {"protocol.micro_batches"})
-    return {k: v for k, v in flat.items() if k not in drop}
+    """A flattened config without `protocol.micro_batches` when the run's objective keeps no state or weights it
+    sets once per micro-batch: a reproduced recipe's count then changes nothing it computes."""
+    if "protocol.micro_batches" not in flat or state_per_micro_batch(objective):
+        return flat
+    return {k: v for k, v in flat.items() if k != "protocol.micro_batches"}
 
 
 def config_changes(saved: Path, cfg: DictConfig) -> list[str]:
