@@ -20,6 +20,7 @@ from test_report import OBJECTIVES, ROOT, write_eval, write_run
 OFFICE, RELEASE = {"tags": ["office_cpu"]}, {"tags": ["apao_release"]}
 R10 = {("ce", 42): 0.050, ("ce", 43): 0.054, ("pointwise", 42): 0.058, ("release", 42): 0.061}
 PR = {("ce", 42): (0.30, 0.20), ("ce", 43): (0.34, 0.22), ("pointwise", 42): (0.27, 0.15)}  # PR@5, PR@10
+POINTWISE = {**OBJECTIVES["pointwise"], "weights": "released"}  # as office_cpu runs APAO: its plain row
 PREFIX = {1: lambda r10: 0.3 + r10, 2: lambda r10: 0.1 + r10 / 2}  # prefix recall at step m from a run's R@10
 COST = {("ce", 42): (600.0, 400.0, 10), ("ce", 43): (660.0, 450.0, 9), ("pointwise", 42): (1500.0, 1200.0, 10),
         ("release", 42): (4000.0, None, 30)}  # seconds, train_seconds, epochs
@@ -36,7 +37,7 @@ def pages(root: Path) -> Path:
              "peak_rss_gb": 2.5 + seed / 100, "eval_score": "full"}
         if obj == "ce":
             m.update({"test/pruning_rate@5": PR[(obj, seed)][0], "test/pruning_rate@10": PR[(obj, seed)][1]})
-        objective = OBJECTIVES["ce" if obj == "release" else obj]
+        objective = POINTWISE if obj == "pointwise" else OBJECTIVES["ce" if obj == "release" else obj]
         d = write_run(runs / f"{obj}-{seed}", "office", "tiger", objective, seed, m,
                       extra=RELEASE if obj == "release" else OFFICE)
         overrides = ["experiment=office_cpu", f"objective={'apao' if obj == 'pointwise' else 'ce'}", f"seed={seed}"]
@@ -46,7 +47,7 @@ def pages(root: Path) -> Path:
             (d / ".hydra").mkdir()
             (d / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides + ["objective.loss=pointwise"]))
             write_eval(d, 20, True, {"test/pruning_rate@5": PR[(obj, seed)][0], "test/pruning_rate@10": PR[(obj, seed)][1]})
-    failed = write_run(runs / "pointwise-43", "office", "tiger", OBJECTIVES["pointwise"], 43, None, extra=OFFICE)
+    failed = write_run(runs / "pointwise-43", "office", "tiger", POINTWISE, 43, None, extra=OFFICE)
     (failed / "failed.json").write_text(json.dumps({"error": "NonFiniteLoss: non-finite loss at epoch 0"}))
     (failed / ".hydra").mkdir()  # as Hydra writes it when the job starts
     (failed / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(

@@ -11,7 +11,7 @@ import yaml
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from genrec.report.load import load_runs
+from genrec.report.load import load_runs, objective_row
 from genrec.report.select import group
 from genrec.runs import config_changes
 
@@ -104,16 +104,31 @@ def test_the_releases_micro_batch_count_separates_only_the_objectives_it_changes
     assert changes["apao_pointwise"] == ["protocol.micro_batches: None -> 8"]
 
 
+def with_paper_weights(cfg: dict) -> None:
+    """A config as office_cpu wrote it before it asked for the release's prefix weights."""
+    del cfg["protocol"]["prefix_weights"]
+    if "weights" in cfg["objective"]:
+        cfg["objective"]["weights"] = "paper"
+
+
 def test_the_releases_prefix_weights_separate_only_apao(tmp_path):
     """office_cpu runs APAO's prefix weights as the release's code computes them since 2026-12-05
     (protocol.prefix_weights: released, where objective.weights reads it): an APAO run from before (paper
     weights) is another experiment and resumes only as it ran; a CE run from before joins today's CE."""
-    def as_before(cfg: dict) -> None:
-        del cfg["protocol"]["prefix_weights"]
-        if "weights" in cfg["objective"]:
-            cfg["objective"]["weights"] = "paper"
-
-    keys, changes = before_and_today(tmp_path, as_before)
+    keys, changes = before_and_today(tmp_path, with_paper_weights)
     assert keys["ce", "before"] == keys["ce", "today"] and changes["ce"] == []
     assert keys["apao_pointwise", "before"] != keys["apao_pointwise", "today"]
     assert changes["apao_pointwise"] == ["objective.weights: 'paper' -> 'released'"]
+
+
+def test_apao_rows_are_named_against_the_weights_their_preset_asks_for(tmp_path):
+    """office_cpu asks for the release's prefix weights: its APAO runs with them are the plain row, and a run with
+    the paper's weights is its own row (an ablation, not a variant chosen on validation), also one written before
+    the preset asked (its key is completed from today's preset); without a preset asking, paper is the plain row."""
+    released = todays_run(tmp_path / "released", "objective=apao_pointwise")
+    paper = todays_run(tmp_path / "paper", "objective=apao_pointwise", "objective.weights=paper")
+    before_and_today(tmp_path / "old", with_paper_weights)
+    assert [r.label for r in load_runs([released, paper, tmp_path / "old" / "apao_pointwise-before"])] == [
+        "APAO-pointwise", "APAO-pointwise (weights=paper)", "APAO-pointwise (weights=paper)"]
+    assert objective_row({"_target_": "genrec.objectives.apao.APAO", "loss": "pointwise", "weights": "paper"})[1] \
+        == "APAO-pointwise"

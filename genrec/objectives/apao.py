@@ -103,6 +103,12 @@ class APAO(CE):
         return order + (0.05 if bear else 0), f"APAO-{loss}" + ("+BEAR" if bear else "")
 
     @classmethod
+    def ablation_defaults(cls, protocol: dict) -> dict:
+        """The weights a preset asks for (protocol.prefix_weights: the release's in office_cpu / apao_*) are the
+        plain row; the other forms are ablations."""
+        return {**cls.ablations, "weights": protocol.get("prefix_weights") or cls.ablations["weights"]}
+
+    @classmethod
     def state_per_micro_batch(cls, cfg: dict) -> str | None:
         weights = cfg.get("weights", "paper")
         if cfg.get("beta") and (weights == "released" or (weights == "paper" and cfg.get("eta"))):

@@ -57,6 +57,11 @@ class Objective(nn.Module):
         return cls.order, cls.label or cls.__name__
 
     @classmethod
+    def ablation_defaults(cls, protocol: dict) -> dict[str, Any]:
+        """`ablations` under a preset's `protocol` node (a preset may ask for another default)."""
+        return cls.ablations
+
+    @classmethod
     def state_per_micro_batch(cls, cfg: dict) -> str | None:
         """What this objective (config `cfg`) sets once per micro-batch, None if nothing (config_check: a preset
         reproducing another code's steps must then keep its micro-batches per step)."""

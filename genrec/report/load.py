@@ -38,16 +38,18 @@ def objective_class(target: str) -> type | None:
         return None
 
 
-def objective_row(obj: dict) -> tuple[float, str]:
+def objective_row(obj: dict, protocol: dict | None = None) -> tuple[float, str]:
     """(order, label) of the run's table row: "APAO-pairwise", "S-DPO+BEAR", "BEAR (form=regularizer)", ...
-    A config value other than the class's `ablations` default makes the row its own (not a tuned variant)."""
+    A config value other than the class's `ablations` default (under the run's preset `protocol`) makes the row
+    its own (not a tuned variant)."""
     target = str(obj.get("_target_", "?"))
     cls = objective_class(target)
     if cls is None or not hasattr(cls, "report_row"):
         return 100.0, target.rsplit(".", 1)[-1]
     order, label = cls.report_row(obj)
     flat = flatten(obj)
-    changed = [f"{k}={flat[k]}" for k, d in cls.ablations.items() if k in flat and flat[k] != d]
+    defaults = cls.ablation_defaults(protocol or {})
+    changed = [f"{k}={flat[k]}" for k, d in defaults.items() if k in flat and flat[k] != d]
     return order, label + (f" ({', '.join(changed)})" if changed else "")
 
 
@@ -78,7 +80,7 @@ class Run:
 
     def __post_init__(self):
         self.dataset = str(self.cfg["dataset"].get("name", "?"))
-        self.order, self.label = objective_row(self.cfg["objective"])
+        self.order, self.label = objective_row(self.cfg["objective"], self.cfg.get("protocol"))
         cls = objective_class(str(self.cfg["objective"].get("_target_", "?")))
         if (self.cfg.get("init_from") or self.cfg.get("stage1")) and not getattr(cls, "fine_tunes", False):
             self.order, self.label = self.order + 0.01, self.label + " (two-stage)"  # started from a trained run
