@@ -75,6 +75,14 @@ def test_without_its_command_line_an_older_run_stays_apart(tmp_path):
     assert runs[0].cfg["optim"]["cooldown"] == 1.0  # a key added since is known without it (genrec.runs.ADDED)
 
 
+def written_before(path: Path, as_before) -> Path:
+    """Today's run dir `path` with its config.yaml as written before a preset change (`as_before` edits it in place)."""
+    cfg = yaml.safe_load((path / "config.yaml").read_text())
+    as_before(cfg)
+    (path / "config.yaml").write_text(yaml.safe_dump(cfg))
+    return path
+
+
 def before_and_today(tmp_path: Path, as_before) -> tuple[dict, dict]:
     """CE and APAO-pointwise under today's office_cpu, each also as written before a preset change (`as_before`
     edits a config in place): each run's report key, and what resuming the "before" run today would change."""
@@ -83,9 +91,7 @@ def before_and_today(tmp_path: Path, as_before) -> tuple[dict, dict]:
         for when in ("before", "today"):
             path = todays_run(tmp_path / f"{objective}-{when}", f"objective={objective}")
             if when == "before":
-                cfg = yaml.safe_load((path / "config.yaml").read_text())
-                as_before(cfg)
-                (path / "config.yaml").write_text(yaml.safe_dump(cfg))
+                written_before(path, as_before)
                 with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
                     today = compose("config", overrides=yaml.safe_load((path / "overrides.yaml").read_text()))
                 today.run_dir = str(path)
@@ -127,8 +133,8 @@ def test_apao_rows_are_named_against_the_weights_their_preset_asks_for(tmp_path)
     the preset asked (its key is completed from today's preset); without a preset asking, paper is the plain row."""
     released = todays_run(tmp_path / "released", "objective=apao_pointwise")
     paper = todays_run(tmp_path / "paper", "objective=apao_pointwise", "objective.weights=paper")
-    before_and_today(tmp_path / "old", with_paper_weights)
-    assert [r.label for r in load_runs([released, paper, tmp_path / "old" / "apao_pointwise-before"])] == [
+    old = written_before(todays_run(tmp_path / "old", "objective=apao_pointwise"), with_paper_weights)
+    assert [r.label for r in load_runs([released, paper, old])] == [
         "APAO-pointwise", "APAO-pointwise (weights=paper)", "APAO-pointwise (weights=paper)"]
     assert objective_row({"_target_": "genrec.objectives.apao.APAO", "loss": "pointwise", "weights": "paper"})[1] \
         == "APAO-pointwise"
