@@ -321,6 +321,17 @@ def main(cfg: DictConfig) -> float | None:
     return result.get(cfg.trainer.monitor)
 
 
+def release_process_group() -> None:
+    """Destroy the DDP process group while the interpreter is whole, as PyTorch asks of every process. Lightning
+    does it only for NCCL; a gloo group is otherwise torn down during interpreter shutdown, where its worker
+    threads may still hold tensors that need the interpreter (pytorch/pytorch#179291)."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
 if __name__ == "__main__":
     torch.set_float32_matmul_precision("high")
-    main()
+    try:
+        main()
+    finally:
+        release_process_group()

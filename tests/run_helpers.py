@@ -1,6 +1,14 @@
-"""What must be equal between two runs of the same config and seed: metrics.json without timings."""
+"""Helpers for tests that run genrec: what must be equal between two runs of the same config and seed
+(metrics.json without timings), and a subprocess run that shows where a hung run hangs."""
 
 from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+
+import pytest
 
 TIMINGS = ("seconds", "train_seconds", "peak_rss_gb", "peak_gpu_gb", "checkpoint")
 
@@ -10,3 +18,23 @@ def reproducible(metrics: dict) -> dict:
     out = {k: v for k, v in metrics.items() if k not in TIMINGS}
     out["history"] = [{k: v for k, v in h.items() if k not in TIMINGS} for h in metrics.get("history", [])]
     return out
+
+
+def run_or_dump(cmd: list[str], timeout: float, env: dict | None = None, **kw) -> subprocess.CompletedProcess:
+    """subprocess.run(cmd, capture_output=True, text=True) in its own process group (a DDP run's ranks too). Past
+    `timeout`, every process of the group gets SIGABRT, which faulthandler turns into each thread's Python stack on
+    stderr, and the test fails with that stderr's end: where a hang happened, not only that it did."""
+    env = {**(os.environ if env is None else env), "PYTHONFAULTHANDLER": "1"}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, **kw)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        for sig in (signal.SIGABRT, signal.SIGKILL):  # SIGKILL: whatever the abort left running
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, sig)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                out, err = proc.communicate(timeout=30)
+                break
+        pytest.fail(f"{' '.join(cmd[:4])} ... hung for {timeout:.0f}s; its processes' stacks:\n{err[-6000:]}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)

@@ -14,6 +14,7 @@ from hydra import compose, initialize_config_dir
 from genrec.data.datamodule import LengthBatches
 from genrec.lit import GenRec
 from genrec.train import run
+from run_helpers import run_or_dump
 
 ROOT = Path(__file__).parents[1]
 
@@ -59,12 +60,12 @@ def test_gloo_ddp_more_ranks_than_batches_evaluates_every_user_once(tmp_path, va
     losses alone (trainer.validate=loss, experiment=apao_release_cpu) gathers them from every rank too."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     run_dir, data_dir = tmp_path / "run", tmp_path / "data"
-    out = subprocess.run([sys.executable, "-m", "genrec.train", "experiment=tiny", "trainer=ddp",
+    out = run_or_dump([sys.executable, "-m", "genrec.train", "experiment=tiny", "trainer=ddp",
                           "trainer.accelerator=cpu", "trainer.devices='4'", "trainer.precision=32-true",
                           "trainer.max_epochs=1", "optim.warmup=0", "trainer.batch_size=2048", "trainer.eval_batch_size=128",
                           f"hydra.run.dir={run_dir}", f"data_dir={data_dir}", f"trainer.validate={validate}",
                           *(["trainer.monitor=val/objective_loss", "trainer.monitor_mode=min"] if validate == "loss" else [])],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+                      cwd=ROOT, env=env, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "sync_dist" not in out.stderr  # metrics come from rows gathered over ranks: no false alarm per metric
     m = json.loads((run_dir / "metrics.json").read_text())
@@ -96,12 +97,12 @@ def test_gloo_ddp_selects_on_the_release_last_validation_batch(tmp_path):
 
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     run_dir, data_dir = tmp_path / "run", tmp_path / "data"
-    out = subprocess.run([sys.executable, "-m", "genrec.train", "experiment=tiny", "trainer=ddp",
+    out = run_or_dump([sys.executable, "-m", "genrec.train", "experiment=tiny", "trainer=ddp",
                           "trainer.accelerator=cpu", "trainer.devices=2", "trainer.precision=32-true",
                           "trainer.max_epochs=2", "trainer.validate=loss", "objective.end_token=false",
                           "trainer.monitor=val/last_batch_loss@128", "trainer.monitor_mode=min",
                           f"hydra.run.dir={run_dir}", f"data_dir={data_dir}"],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+                      cwd=ROOT, env=env, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     m = json.loads((run_dir / "metrics.json").read_text())
     assert m["processes"] == 2 and len(m["history"]) == 2
@@ -214,3 +215,15 @@ def test_length_window_one_gives_uniformly_random_batches(tmp_path):
     grouped = SeqDataModule(data.seq, data.sids, cfg.dataset.max_history, 16, 128, cfg.seed).train_dataloader().sampler
     spread = lambda batches: np.mean([np.ptp(lengths[list(b)]) for b in batches])  # noqa: E731
     assert spread(grouped) < spread(got)  # the default groups lengths; window 1 does not
+
+
+def test_a_hung_run_fails_with_every_process_stack():
+    """run_or_dump (the DDP tests' subprocess runner): a run that outlives its timeout fails the test with the Python
+    stack of each of its processes, the launched child's too, as a hung rank would show it."""
+    child = "import time\ndef child_waits(): time.sleep(120)\nchild_waits()"
+    parent = (f"import subprocess, sys, time\nkid = subprocess.Popen([sys.executable, '-c', {child!r}])\n"
+              "def parent_waits(): time.sleep(120)\nparent_waits()")
+    with pytest.raises(pytest.fail.Exception) as failed:
+        run_or_dump([sys.executable, "-c", parent], timeout=5)
+    assert "hung for 5s" in str(failed.value)
+    assert "parent_waits" in str(failed.value) and "child_waits" in str(failed.value)

@@ -11,7 +11,7 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from run_helpers import reproducible
+from run_helpers import reproducible, run_or_dump
 
 from genrec.eval import metrics
 from genrec.train import run
@@ -61,9 +61,8 @@ def _train_cmd(run_dir: Path, data_dir: Path, *extra: str) -> list[str]:
 
 def test_ddp_two_cpu_processes_evaluate_every_user_once(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    out = subprocess.run(_train_cmd(tmp_path / "ddp", tmp_path / "data", "trainer=ddp", "trainer.accelerator=cpu",
-                                    "trainer.max_epochs=1"),
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    out = run_or_dump(_train_cmd(tmp_path / "ddp", tmp_path / "data", "trainer=ddp", "trainer.accelerator=cpu",
+                                 "trainer.max_epochs=1"), cwd=ROOT, env=env, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     m = json.loads((tmp_path / "ddp" / "metrics.json").read_text())
     assert m["test/users"] == 300 and m["val/users"] == 300
@@ -242,9 +241,8 @@ def test_nan_loss_on_one_ddp_rank_stops_every_rank_with_the_error(tmp_path):
     """The loss turns NaN on rank 1 only: both ranks stop at the same step with the non-finite-loss error
     (a rank that raised alone left the other in a collective: a hang on NCCL, a peer error on gloo)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "tests")}
-    out = subprocess.run(_train_cmd(tmp_path / "nan", tmp_path / "data", "trainer=ddp", "trainer.accelerator=cpu",
-                                    "objective._target_=rank_nan.NanOnRankOne"),
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    out = run_or_dump(_train_cmd(tmp_path / "nan", tmp_path / "data", "trainer=ddp", "trainer.accelerator=cpu",
+                                 "objective._target_=rank_nan.NanOnRankOne"), cwd=ROOT, env=env, timeout=300)
     assert out.returncode == 2, out.stderr[-3000:]
     assert "non-finite loss at epoch 0, by step 2" in out.stderr and "Traceback" not in out.stderr, out.stderr[-3000:]
     failed = json.loads((tmp_path / "nan" / "failed.json").read_text())
