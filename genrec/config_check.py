@@ -297,16 +297,59 @@ def errors(cfg: DictConfig) -> list[str]:
     return out + [e for e in (cross(cfg) for cross in CROSS) if e]
 
 
-def check(cfg: DictConfig) -> None:
-    bad = errors(cfg)
+DEVICE_ARGS = ("accelerator", "devices", "strategy", "precision", "num_nodes")
+
+
+def trainer_errors(cfg: DictConfig) -> list[str]:
+    """What Lightning's Trainer refuses of `trainer.lightning`'s accelerator, devices, strategy, precision and
+    num_nodes on THIS machine (devices=0, a misspelt precision, accelerator=gpu without a GPU), found by building a
+    bare Trainer from them: before the data stage rather than after it. Not part of `errors`: a GPU command line
+    checks fine on a CPU machine (genrec.config_check's CLI)."""
+    node = _get(cfg, "trainer.lightning")
+    if not isinstance(node, dict):
+        return []
+    import logging
+    import warnings
+
+    import lightning as L
+
+    args = {k: node[k] for k in DEVICE_ARGS if k in node}
+    log = logging.getLogger("lightning.pytorch")
+    level = log.level
+    log.setLevel(logging.ERROR)  # no "GPU available: ..." lines twice
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            L.Trainer(**args, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                      enable_model_summary=False)
+    except Exception as e:
+        reason = " ".join(str(e).split())
+        low = reason.lower()
+        named = ([k for k in args if f"{k}=" in low]  # `Trainer(devices=0)`, `strategy='dpp'`
+                 or [k for k in args if str(args[k]).lower() not in ("auto", "1") and str(args[k]).lower() in low]
+                 or [k for k in args if k in low] or list(args))
+        return [f"{_source(cfg, named[0])}={_show(args[named[0]])}: {reason}"]
+    finally:
+        log.setLevel(level)
+    return []
+
+
+def _source(cfg: DictConfig, arg: str) -> str:
+    """The key a user sets for a Trainer argument: trainer.<arg> where trainer.lightning interpolates it."""
+    return f"trainer.{arg}" if _get(cfg, f"trainer.{arg}") is not _ABSENT else f"trainer.lightning.{arg}"
+
+
+def check(cfg: DictConfig, trainer: bool = False) -> None:
+    """Raise ConfigError with the first bad value; `trainer`: also what the Trainer refuses here (genrec.train)."""
+    bad = errors(cfg) or (trainer_errors(cfg) if trainer else [])
     if bad:
         raise ConfigError(bad[0])
 
 
-def exit_if_invalid(cfg: DictConfig) -> None:
+def exit_if_invalid(cfg: DictConfig, trainer: bool = False) -> None:
     """The entry points' first step: one line on stderr and exit code 2, no traceback, no run dir left."""
     try:
-        check(cfg)
+        check(cfg, trainer)
     except ConfigError as e:
         _forget_run_dir()
         print(f"error: {e}", file=sys.stderr)

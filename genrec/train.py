@@ -161,7 +161,7 @@ def run(cfg: DictConfig) -> dict:
     stage 1 trains that objective into <run dir>/stage1 (skipped once its metrics.json exists),
     then this config starts from stage 1's checkpoint (`init_from`)."""
     start = time.time()
-    check(cfg)
+    check(cfg, trainer=True)
     resume_dir = find_resume_dir(cfg)
     if resume_dir is not None:
         with open_dict(cfg):
@@ -302,7 +302,7 @@ def main(cfg: DictConfig) -> float | None:
 
     sweep = HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
     if not sweep:  # a sweep's jobs: checked up front (grids) or by run(), failing only that job
-        exit_if_invalid(cfg)
+        exit_if_invalid(cfg, trainer=True)
     try:
         result = run(cfg)
     except BaseException as e:

@@ -5,6 +5,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
@@ -152,6 +153,16 @@ def _cli(tmp_path: Path, module: str, *args: str) -> subprocess.CompletedProcess
     ("genrec.train", ["experiment=tiny", "eval.beam=0"], "error: eval.beam=0: an integer >= 1"),
     ("genrec.train", ["experiment=tiny", "+trainer.lightning.max_tme=1"],
      "error: trainer.lightning.max_tme: not an argument of lightning.pytorch.Trainer (did you mean max_time?)"),
+    # what Lightning's Trainer refuses on this machine: found before the data stage, not after it
+    ("genrec.train", ["experiment=tiny", "trainer.devices=0"],
+     "error: trainer.devices=0: `Trainer(devices=0)` value is not a valid input using cpu accelerator."),
+    ("genrec.train", ["experiment=tiny", "trainer.strategy=dpp"],
+     "error: trainer.strategy=dpp: You selected an invalid strategy name: `strategy='dpp'`. It must be either a "
+     "string or an instance of `lightning.pytorch.strategies.Strategy`. Example choices: auto, ddp, ddp_spawn, "
+     "deepspeed, ... Find a complete list of options in our documentation at https://lightning.ai"),
+    pytest.param("genrec.train", ["experiment=tiny", "trainer.accelerator=gpu"],
+                 "error: trainer.accelerator=gpu: No supported gpu backend found!",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU machine accepts it")),
     ("genrec.prepare", ["experiment=tiny", "dataset.kcore=0"], "error: dataset.kcore=0: an integer >= 1"),
     ("genrec.evaluate", ["ckpt=nowhere", "eval.beam=0"], "error: eval.beam=0: an integer >= 1"),
     # a sweep stops before its first job: job 0 is fine, job 1 is not
@@ -188,5 +199,5 @@ def test_config_check_cli_gives_one_verdict_per_command_line(tmp_path):
     assert lines[2] == ("error: In 'config': Could not find 'objective/nope' Available options in 'objective': apao "
                         "apao_pairwise apao_pointwise bear ce msl sdpo sdpo_2stage")
     assert lines[3] == "error: eval.beam=0: an integer >= 1"  # (_cli's data_dir= joins the last command line)
-    ok = _cli(tmp_path, "genrec.config_check", "experiment=office_cpu")
-    assert (ok.returncode, ok.stdout) == (0, "ok\n")
+    ok = _cli(tmp_path, "genrec.config_check", "experiment=office_cpu", "--", "trainer=gpu")
+    assert (ok.returncode, ok.stdout) == (0, "ok\nok\n")  # a GPU command line checks on a CPU machine too
