@@ -301,19 +301,20 @@ DEVICE_ARGS = ("accelerator", "devices", "strategy", "precision", "num_nodes")
 
 
 def trainer_errors(cfg: DictConfig) -> list[str]:
-    """What Lightning's Trainer refuses of `trainer.lightning`'s accelerator, devices, strategy, precision and
-    num_nodes on THIS machine (devices=0, a misspelt precision, accelerator=gpu without a GPU), found by building a
-    bare Trainer from them: before the data stage rather than after it. Not part of `errors`: a GPU command line
-    checks fine on a CPU machine (genrec.config_check's CLI)."""
+    """What Lightning's Trainer refuses of the accelerator, devices, strategy, precision and num_nodes (genrec.train's
+    `trainer.lightning`, genrec.evaluate's `accelerator`) on THIS machine (devices=0, a misspelt precision,
+    accelerator=gpu without a GPU), found by building a bare Trainer from them: before the data stage rather than
+    after it. Not part of `errors`: a GPU command line checks fine on a CPU machine (genrec.config_check's CLI)."""
     node = _get(cfg, "trainer.lightning")
-    if not isinstance(node, dict):
+    node = node if isinstance(node, dict) else {k: v for k in DEVICE_ARGS if (v := _get(cfg, k)) is not _ABSENT}
+    args = {k: node[k] for k in DEVICE_ARGS if k in node}
+    if not args:
         return []
     import logging
     import warnings
 
     import lightning as L
 
-    args = {k: node[k] for k in DEVICE_ARGS if k in node}
     log = logging.getLogger("lightning.pytorch")
     level = log.level
     log.setLevel(logging.ERROR)  # no "GPU available: ..." lines twice
@@ -328,15 +329,12 @@ def trainer_errors(cfg: DictConfig) -> list[str]:
         named = ([k for k in args if f"{k}=" in low]  # `Trainer(devices=0)`, `strategy='dpp'`
                  or [k for k in args if str(args[k]).lower() not in ("auto", "1") and str(args[k]).lower() in low]
                  or [k for k in args if k in low] or list(args))
-        return [f"{_source(cfg, named[0])}={_show(args[named[0]])}: {reason}"]
+        key = named[0]
+        source = next((k for k in (f"trainer.{key}", key) if _get(cfg, k) == args[key]), f"trainer.lightning.{key}")
+        return [f"{source}={_show(args[key])}: {reason}"]
     finally:
         log.setLevel(level)
     return []
-
-
-def _source(cfg: DictConfig, arg: str) -> str:
-    """The key a user sets for a Trainer argument: trainer.<arg> where trainer.lightning interpolates it."""
-    return f"trainer.{arg}" if _get(cfg, f"trainer.{arg}") is not _ABSENT else f"trainer.lightning.{arg}"
 
 
 def check(cfg: DictConfig, trainer: bool = False) -> None:

@@ -78,7 +78,7 @@ def evaluate(cfg: DictConfig) -> dict:
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="evaluate")
 def main(cfg: DictConfig) -> None:
-    exit_if_invalid(cfg)
+    exit_if_invalid(cfg, trainer=True)
     try:
         result = evaluate(cfg)
     except DataError as e:

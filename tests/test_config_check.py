@@ -163,6 +163,9 @@ def _cli(tmp_path: Path, module: str, *args: str) -> subprocess.CompletedProcess
     pytest.param("genrec.train", ["experiment=tiny", "trainer.accelerator=gpu"],
                  "error: trainer.accelerator=gpu: No supported gpu backend found!",
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU machine accepts it")),
+    pytest.param("genrec.evaluate", ["ckpt=nowhere", "accelerator=gpu"],
+                 "error: accelerator=gpu: No supported gpu backend found!",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU machine accepts it")),
     ("genrec.prepare", ["experiment=tiny", "dataset.kcore=0"], "error: dataset.kcore=0: an integer >= 1"),
     ("genrec.evaluate", ["ckpt=nowhere", "eval.beam=0"], "error: eval.beam=0: an integer >= 1"),
     # a sweep stops before its first job: job 0 is fine, job 1 is not
