@@ -315,30 +315,33 @@ def trainer_errors(cfg: DictConfig) -> list[str]:
 
     import lightning as L
 
+    def refused(some: dict) -> str | None:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                L.Trainer(**some, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                          enable_model_summary=False)
+        except Exception as e:
+            return " ".join(str(e).split())
+        return None
+
     log = logging.getLogger("lightning.pytorch")
     level = log.level
     log.setLevel(logging.ERROR)  # no "GPU available: ..." lines twice
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            L.Trainer(**args, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                      enable_model_summary=False)
-    except Exception as e:
-        reason = " ".join(str(e).split())
-        low = reason.lower()
-        named = ([k for k in args if f"{k}=" in low]  # `Trainer(devices=0)`, `strategy='dpp'`
-                 or [k for k in args if str(args[k]).lower() not in ("auto", "1") and str(args[k]).lower() in low]
-                 or [k for k in args if k in low] or list(args))
-        key = named[0]
-        source = next((k for k in (f"trainer.{key}", key) if _get(cfg, k) == args[key]), f"trainer.lightning.{key}")
-        return [f"{source}={_show(args[key])}: {reason}"]
+        for i, key in enumerate(args):  # name the first argument whose addition Lightning refuses
+            if (reason := refused(dict(list(args.items())[: i + 1]))) is not None:
+                source = next((k for k in (f"trainer.{key}", key) if _get(cfg, k) == args[key]),
+                              f"trainer.lightning.{key}")
+                return [f"{source}={_show(args[key])}: {reason}"]
     finally:
         log.setLevel(level)
     return []
 
 
 def check(cfg: DictConfig, trainer: bool = False) -> None:
-    """Raise ConfigError with the first bad value; `trainer`: also what the Trainer refuses here (genrec.train)."""
+    """Raise ConfigError with the first bad value; `trainer`: also what the Trainer refuses on this machine
+    (genrec.train, genrec.evaluate)."""
     bad = errors(cfg) or (trainer_errors(cfg) if trainer else [])
     if bad:
         raise ConfigError(bad[0])

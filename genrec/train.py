@@ -13,6 +13,8 @@ wall time) and `test_ranks.csv` (each test user's rank): everything `genrec.repo
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import csv
 import io
 import os
@@ -322,16 +324,16 @@ def main(cfg: DictConfig) -> float | None:
 
 
 def release_process_group() -> None:
-    """Destroy the DDP process group while the interpreter is whole, as PyTorch asks of every process. Lightning
-    does it only for NCCL; a gloo group is otherwise torn down during interpreter shutdown, where its worker
-    threads may still hold tensors that need the interpreter (pytorch/pytorch#179291)."""
+    """Destroy the DDP process group while the interpreter is whole (at exit: `atexit` below), as PyTorch asks of
+    every process. Lightning does it only for NCCL; a gloo group is otherwise torn down during interpreter shutdown,
+    where its worker threads may still hold tensors that need the interpreter (pytorch/pytorch#179291)."""
     if torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
+        with contextlib.suppress(Exception):  # a group in an error state: exit with the run's own status
+            torch.distributed.destroy_process_group()
 
+
+atexit.register(release_process_group)  # every way this process ends, also under other Hydra launchers
 
 if __name__ == "__main__":
     torch.set_float32_matmul_precision("high")
-    try:
-        main()
-    finally:
-        release_process_group()
+    main()

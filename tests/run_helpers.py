@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import resource
 import signal
 import subprocess
 
@@ -21,20 +22,32 @@ def reproducible(metrics: dict) -> dict:
 
 
 def run_or_dump(cmd: list[str], timeout: float, env: dict | None = None, **kw) -> subprocess.CompletedProcess:
-    """subprocess.run(cmd, capture_output=True, text=True) in its own process group (a DDP run's ranks too). Past
-    `timeout`, every process of the group gets SIGABRT, which faulthandler turns into each thread's Python stack on
-    stderr, and the test fails with that stderr's end: where a hang happened, not only that it did."""
+    """subprocess.run(cmd, capture_output=True, text=True) in its own process group (a DDP run's ranks too), which
+    is killed whole however the call ends. Past `timeout`, every process of the group first gets SIGABRT, which
+    faulthandler turns into each thread's Python stack on stderr, and the test fails with that stderr: where a hang
+    happened, not only that it did."""
     env = {**(os.environ if env is None else env), "PYTHONFAULTHANDLER": "1"}
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True, **kw)
+                            start_new_session=True, preexec_fn=_no_core_files, **kw)
     try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        for sig in (signal.SIGABRT, signal.SIGKILL):  # SIGKILL: whatever the abort left running
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, sig)
-            with contextlib.suppress(subprocess.TimeoutExpired):
+        try:
+            out, err = proc.communicate(timeout=timeout)
+            return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+        except subprocess.TimeoutExpired:
+            _signal_group(proc, signal.SIGABRT)
+            try:
                 out, err = proc.communicate(timeout=30)
-                break
-        pytest.fail(f"{' '.join(cmd[:4])} ... hung for {timeout:.0f}s; its processes' stacks:\n{err[-6000:]}")
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+            except subprocess.TimeoutExpired as e:  # something outside the group holds the pipes
+                err = (e.stderr or b"").decode(errors="replace") + "\n(its stderr is still held open)"
+            pytest.fail(f"{' '.join(cmd[:4])} ... hung for {timeout:.0f}s; its processes' stacks:\n{err[-20000:]}")
+    finally:
+        _signal_group(proc, signal.SIGKILL)  # any rank left behind (a failed test, Ctrl-C, a pytest timeout)
+
+
+def _no_core_files() -> None:  # the SIGABRT leaves no core dumps behind
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, sig)

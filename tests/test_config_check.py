@@ -9,7 +9,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from genrec.config_check import CHECKS, errors
+from genrec.config_check import CHECKS, errors, trainer_errors
 
 ROOT = Path(__file__).parents[1]
 CONF = ROOT / "conf"
@@ -204,3 +204,16 @@ def test_config_check_cli_gives_one_verdict_per_command_line(tmp_path):
     assert lines[3] == "error: eval.beam=0: an integer >= 1"  # (_cli's data_dir= joins the last command line)
     ok = _cli(tmp_path, "genrec.config_check", "experiment=office_cpu", "--", "trainer=gpu")
     assert (ok.returncode, ok.stdout) == (0, "ok\nok\n")  # a GPU command line checks on a CPU machine too
+
+
+@pytest.mark.parametrize("overrides,line", [
+    (["trainer.lightning.devices=0"],  # set on trainer.lightning itself: named there
+     "trainer.lightning.devices=0: `Trainer(devices=0)` value is not a valid input using cpu accelerator."),
+    (["trainer=ddp", "trainer.accelerator=cpu", "trainer.precision=bf16-mix"],  # devices=2: "2" is in '32-true' too
+     "trainer.precision=bf16-mix: Precision 'bf16-mix' is invalid."),
+    (["trainer.accelerator=cpu", "trainer.devices=[0,1]"],  # "cpu" is in the message, devices is wrong
+     "trainer.devices=[0, 1]: `devices` selected with `CPUAccelerator` should be an int > 0."),
+])
+def test_a_refused_trainer_argument_is_named_by_its_own_key(overrides, line):
+    assert trainer_errors(cfg(*overrides))[0].startswith(line)
+    assert errors(cfg(*overrides)) == []  # the machine-independent check passes it (the CLI's verdict: ok)
