@@ -2,7 +2,6 @@
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -61,10 +60,10 @@ def test_gloo_ddp_more_ranks_than_batches_evaluates_every_user_once(tmp_path, va
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     run_dir, data_dir = tmp_path / "run", tmp_path / "data"
     out = run_or_dump([sys.executable, "-m", "genrec.train", "experiment=tiny", "trainer=ddp",
-                          "trainer.accelerator=cpu", "trainer.devices='4'", "trainer.precision=32-true",
-                          "trainer.max_epochs=1", "optim.warmup=0", "trainer.batch_size=2048", "trainer.eval_batch_size=128",
-                          f"hydra.run.dir={run_dir}", f"data_dir={data_dir}", f"trainer.validate={validate}",
-                          *(["trainer.monitor=val/objective_loss", "trainer.monitor_mode=min"] if validate == "loss" else [])],
+                       "trainer.accelerator=cpu", "trainer.devices='4'", "trainer.precision=32-true",
+                       "trainer.max_epochs=1", "optim.warmup=0", "trainer.batch_size=2048", "trainer.eval_batch_size=128",
+                       f"hydra.run.dir={run_dir}", f"data_dir={data_dir}", f"trainer.validate={validate}",
+                       *(["trainer.monitor=val/objective_loss", "trainer.monitor_mode=min"] if validate == "loss" else [])],
                       cwd=ROOT, env=env, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "sync_dist" not in out.stderr  # metrics come from rows gathered over ranks: no false alarm per metric
@@ -98,10 +97,10 @@ def test_gloo_ddp_selects_on_the_release_last_validation_batch(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     run_dir, data_dir = tmp_path / "run", tmp_path / "data"
     out = run_or_dump([sys.executable, "-m", "genrec.train", "experiment=tiny", "trainer=ddp",
-                          "trainer.accelerator=cpu", "trainer.devices=2", "trainer.precision=32-true",
-                          "trainer.max_epochs=2", "trainer.validate=loss", "objective.end_token=false",
-                          "trainer.monitor=val/last_batch_loss@128", "trainer.monitor_mode=min",
-                          f"hydra.run.dir={run_dir}", f"data_dir={data_dir}"],
+                       "trainer.accelerator=cpu", "trainer.devices=2", "trainer.precision=32-true",
+                       "trainer.max_epochs=2", "trainer.validate=loss", "objective.end_token=false",
+                       "trainer.monitor=val/last_batch_loss@128", "trainer.monitor_mode=min",
+                       f"hydra.run.dir={run_dir}", f"data_dir={data_dir}"],
                       cwd=ROOT, env=env, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     m = json.loads((run_dir / "metrics.json").read_text())
