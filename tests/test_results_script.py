@@ -28,14 +28,14 @@ def trained(calls: list[list[str]]) -> list[str]:
 
 
 def test_a_row_that_starts_from_another_trains_after_it_and_done_rows_are_skipped(tmp_path):
-    out, calls = script(tmp_path, "tiger-apao_pairwise-s43", "tiger-ce-s43", "tiger-msl-s42", JOBS="2")
+    out, calls = script(tmp_path, "tiger-apao_pairwise-s44", "tiger-ce-s44", "tiger-msl-s42", JOBS="2")
     assert out.returncode == 0, out.stderr
-    assert sorted(trained(calls)[:2]) == ["tiger-ce-s43", "tiger-msl-s42"] and trained(calls)[2] == "tiger-apao_pairwise-s43"
+    assert sorted(trained(calls)[:2]) == ["tiger-ce-s44", "tiger-msl-s42"] and trained(calls)[2] == "tiger-apao_pairwise-s44"
     pairwise = next(c for c in calls if "objective=apao_pairwise" in c)
-    assert "init_from=outputs/results_office/office_cpu/tiger-ce-s43" in pairwise
+    assert "init_from=outputs/results_office/office_cpu/tiger-ce-s44" in pairwise
     assert "experiment=office_cpu" in pairwise
-    others = {"tiger-ce-s43": ["masked-t1"], "tiger-msl-s42": ["full-t1", "masked-t1"],  # besides its own scoring
-              "tiger-apao_pairwise-s43": ["masked-t1"]}
+    others = {"tiger-ce-s44": ["masked-t1"], "tiger-msl-s42": ["full-t1", "masked-t1"],  # besides its own scoring
+              "tiger-apao_pairwise-s44": ["masked-t1"]}
     for row, scorings in others.items():
         d = tmp_path / "docs" / "results" / "runs" / "office_cpu" / row
         assert {p.name for p in d.iterdir()} == {"metrics.json", "config.yaml", "overrides.yaml", "test_ranks.csv", "eval"}
@@ -43,7 +43,7 @@ def test_a_row_that_starts_from_another_trains_after_it_and_done_rows_are_skippe
                                                             scorings)] for x in ("json", "ranks.csv")}, row
     assert [c[0] for c in calls].count("genrec.report") == 1
 
-    out, calls = script(tmp_path, "tiger-apao_pairwise-s43", "tiger-ce-s43", "tiger-msl-s42")
+    out, calls = script(tmp_path, "tiger-apao_pairwise-s44", "tiger-ce-s44", "tiger-msl-s42")
     assert out.returncode == 0 and [c[0] for c in calls] == ["genrec.report"] and out.stdout.count("skip ") == 3  # done: not even checked
 
 
@@ -59,11 +59,30 @@ def test_a_row_keeps_the_command_of_its_first_start(tmp_path):
 
 
 def test_limit_stops_a_row_for_the_next_call_and_its_dependants_wait(tmp_path):
-    out, calls = script(tmp_path, "tiger-ce-s43", "tiger-sdpo-s43", LIMIT="1", FAKE_SLOW="5", FULL_RANK="0")
+    out, calls = script(tmp_path, "tiger-ce-s44", "tiger-sdpo-s44", LIMIT="1", FAKE_SLOW="5", FULL_RANK="0")
     assert out.returncode == 0, out.stderr
-    assert "tiger-ce-s43: stopped after 1s, resumes next call" in out.stdout
-    assert "tiger-sdpo-s43: waits for tiger-ce-s43 (not finished)" in out.stdout
-    assert trained(calls) == ["tiger-ce-s43"] and not (tmp_path / "docs").exists()
+    assert "tiger-ce-s44: stopped after 1s, resumes next call" in out.stdout
+    assert "tiger-sdpo-s44: waits for tiger-ce-s44 (not finished)" in out.stdout
+    assert trained(calls) == ["tiger-ce-s44"] and not (tmp_path / "docs").exists()
+
+
+def test_a_row_whose_start_is_committed_but_not_on_this_machine_is_refused_before_any_run(tmp_path):
+    """CE s44's summary is in docs (so it is never retrained), but its run dir, the checkpoint S-DPO starts
+    from, is gone (a new machine): the dependant would wait forever, so the call stops at once and says how."""
+    done = tmp_path / "docs" / "results" / "runs" / "office_cpu" / "tiger-ce-s44"
+    done.mkdir(parents=True)
+    (done / "metrics.json").write_text("{}")
+    out, calls = script(tmp_path, "tiger-ce-s42", "tiger-sdpo-s44", FULL_RANK="0")
+    assert out.returncode == 2 and trained(calls) == [], out.stderr
+    line, = out.stderr.strip().splitlines()
+    assert line.startswith("error: tiger-sdpo-s44 starts from tiger-ce-s44's run, and "
+                           "outputs/results_office/office_cpu/tiger-ce-s44 has no finished run here")
+    assert "genrec.train dataset=apao_office" in line and "hydra.run.dir=outputs/results_office/office_cpu/tiger-ce-s44" in line
+    run = tmp_path / "outputs" / "results_office" / "office_cpu" / "tiger-ce-s44"
+    run.mkdir(parents=True)
+    (run / "metrics.json").write_text("{}")  # retrained there: S-DPO now runs
+    out, calls = script(tmp_path, "tiger-sdpo-s44", FULL_RANK="0")
+    assert out.returncode == 0 and trained(calls) == ["tiger-sdpo-s44"], out.stderr
 
 
 def test_a_failed_row_fails_the_call_after_the_others_finish(tmp_path):
