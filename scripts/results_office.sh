@@ -85,6 +85,8 @@ ORDER=(tiger-ce-s42 tiger-apao_pointwise-s42 tiger-msl-s42 tiger-bear-s42 tiger-
 
 done_row() { [[ -f $DOCS/$1/metrics.json ]]; }
 args() { sed "s#init_from=@\([^ ]*\)#init_from=$RUNS/\1#" <<< "$BASE ${ROWS[$1]}"; }
+# the row a row starts from (its init_from=@<row>), or nothing
+start_of() { grep -o 'init_from=@[^ ]*' <<< "${ROWS[$1]}" | cut -d@ -f2 || true; }
 # a row's genrec.train command line (without its run dir)
 train_args() { echo "dataset=apao_office dataset.root=$DATA $(args "$1") trainer.progress_bar=false resume=true"; }
 
@@ -117,7 +119,7 @@ print("%s:%g" % (m.get("eval_score", "full"), m.get("eval_temperature", 1.0)))' 
 # One row: train (resumable; LIMIT stops it, the next call resumes), re-evaluate, copy its summary.
 row() {
   local row=$1 run=$RUNS/$1 ref s own
-  ref=$(grep -o 'init_from=@[^ ]*' <<< "${ROWS[$row]}" | cut -d@ -f2 || true)
+  ref=$(start_of "$row")
   if [[ -n "$ref" && ! -f $RUNS/$ref/metrics.json ]]; then
     echo "$row: waits for $ref (not finished)"; return 0
   fi
@@ -156,7 +158,7 @@ for r in "${rows[@]}"; do
   [[ $v == ok ]] || { echo "error: $r: ${v#error: }" >&2; exit 2; }
   # a row to train that starts from a committed row whose run is not on this machine (summaries are committed,
   # checkpoints never): it would wait for a run that is never retrained
-  ref=$(grep -o 'init_from=@[^ ]*' <<< "${ROWS[$r]}" | cut -d@ -f2 || true)
+  ref=$(start_of "$r")
   if [[ -n "$ref" ]] && ! done_row "$r" && done_row "$ref" && [[ ! -f $RUNS/$ref/metrics.json ]]; then
     echo "error: $r starts from $ref's run, and $RUNS/$ref has no finished run here (its summary is committed," \
          "its checkpoint is not): retrain it there first: $PY -m genrec.train $(train_args "$ref") hydra.run.dir=$RUNS/$ref" >&2
@@ -168,7 +170,7 @@ failed=0
 for wave in first second; do  # rows that start from another row's run come second
   for r in "${rows[@]}"; do
     if done_row "$r"; then [[ $wave == first ]] && echo "skip $r ($DOCS/$r/metrics.json)"; continue; fi
-    [[ ${ROWS[$r]} == *init_from=@* ]] && starts=second || starts=first
+    [[ -n $(start_of "$r") ]] && starts=second || starts=first
     [[ $starts == "$wave" ]] || continue
     echo "$r: started (log $RUNS/$r.log)"
     row "$r" >> "$RUNS/$r.log" 2>&1 &
