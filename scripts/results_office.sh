@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The runs behind docs/results/office.md (APAO's Office rows, BEAR's pruning effect), one run per row, under one
-# of two recipes, resumable, and skipped once its summary is committed:
+# of two recipes, resumable, and skipped once its summary is committed (to rerun a committed row, remove its
+# docs/results/runs/<recipe>/<row>/ first, or run its line under the page's Rerun):
 #   scripts/results_office.sh --list                   # rows and whether each is done (no: its config error)
 #   scripts/results_office.sh                          # every missing row (RECIPE=office_cpu: ~1 h per TIGER row on
 #                                                      # 2 cores; Llama ~2.5x per epoch: benchmarks/training.py)
