@@ -297,6 +297,19 @@ def print_summary(r: dict, data: dict) -> None:
     print("\n".join(lines))
 
 
+# What a process of a distributed run sees when another one of it died (e.g. killed by the kernel for memory).
+LOST_PEER = ("Connection reset by peer", "Connection closed by peer", "Broken pipe")
+
+
+def lost_peer_hint(e: BaseException) -> str | None:
+    """One line for an error that only says a peer vanished: its cause is in another process, not this one."""
+    if not (isinstance(e, RuntimeError) and any(s in str(e) for s in LOST_PEER)):
+        return None
+    return ("another process of this run died first (an out-of-memory kill leaves only this message: `dmesg | grep "
+            "-i oom`); the same command with resume=true continues from the last epoch's checkpoint, also with memory "
+            "options changed (trainer.keep_freed_memory=false, backbone.memory); a smaller trainer.batch_size is a new run")
+
+
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> float | None:
     from hydra.core.hydra_config import HydraConfig
@@ -312,7 +325,11 @@ def main(cfg: DictConfig) -> float | None:
         # exception goes to Hydra, which runs the remaining jobs before it reports failures.
         if not isinstance(e, ResumeMismatch):
             Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
-            write_json(Path(cfg.run_dir) / "failed.json", {"error": f"{type(e).__name__}: {e}"})
+            record = {"error": f"{type(e).__name__}: {e}"}
+            if hint := lost_peer_hint(e):
+                record["hint"] = hint
+                print(f"error: {hint}", file=sys.stderr)
+            write_json(Path(cfg.run_dir) / "failed.json", record)
         close_wandb(exit_code=1)  # else the next sweep job in this process would log into this run
         if isinstance(e, (DataError, NonFiniteLoss)) and not sweep:
             print(f"error: {e}", file=sys.stderr)

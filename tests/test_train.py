@@ -237,6 +237,19 @@ def test_a_callback_is_one_yaml_in_conf_callbacks(tmp_path):
     assert (tmp_path / "run" / "checkpoints" / "best.ckpt").exists()
 
 
+def test_a_ddp_rank_killed_leaves_failed_json_saying_a_peer_died(tmp_path):
+    """Rank 0 is SIGKILLed mid-epoch (as an OOM kill ended it): rank 1 only sees gloo's "connection reset by
+    peer", and its failed.json and stderr say that another process died first, where to look, how to resume."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "tests")}
+    out = run_or_dump(_train_cmd(tmp_path / "killed", tmp_path / "data", "trainer=ddp", "trainer.accelerator=cpu",
+                                 "objective._target_=rank_killed.KilledOnRankZero"), cwd=ROOT, env=env, timeout=300)
+    assert out.returncode != 0
+    failed = json.loads((tmp_path / "killed" / "failed.json").read_text())
+    assert "another process of this run died" in failed["hint"] and "resume=true" in failed["hint"], failed
+    assert failed["error"].startswith("RuntimeError") and "peer" in failed["error"].lower(), failed
+    assert failed["hint"] in out.stderr, out.stderr[-3000:]
+
+
 def test_nan_loss_on_one_ddp_rank_stops_every_rank_with_the_error(tmp_path):
     """The loss turns NaN on rank 1 only: both ranks stop at the same step with the non-finite-loss error
     (a rank that raised alone left the other in a collective: a hang on NCCL, a peer error on gloo)."""
