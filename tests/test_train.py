@@ -242,7 +242,7 @@ def test_a_ddp_rank_killed_leaves_failed_json_saying_a_peer_died(tmp_path):
     peer", and its failed.json and stderr say that another process died first, where to look, how to resume."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "tests")}
     out = run_or_dump(_train_cmd(tmp_path / "killed", tmp_path / "data", "trainer=ddp", "trainer.accelerator=cpu",
-                                 "objective._target_=rank_killed.KilledOnRankZero"), cwd=ROOT, env=env, timeout=300)
+                                 "objective._target_=rank_faults.KilledOnRankZero"), cwd=ROOT, env=env, timeout=300)
     assert out.returncode != 0
     failed = json.loads((tmp_path / "killed" / "failed.json").read_text())
     assert "another process of this run died" in failed["hint"] and "resume=true" in failed["hint"], failed
@@ -255,7 +255,7 @@ def test_nan_loss_on_one_ddp_rank_stops_every_rank_with_the_error(tmp_path):
     (a rank that raised alone left the other in a collective: a hang on NCCL, a peer error on gloo)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "tests")}
     out = run_or_dump(_train_cmd(tmp_path / "nan", tmp_path / "data", "trainer=ddp", "trainer.accelerator=cpu",
-                                 "objective._target_=rank_nan.NanOnRankOne"), cwd=ROOT, env=env, timeout=300)
+                                 "objective._target_=rank_faults.NanOnRankOne"), cwd=ROOT, env=env, timeout=300)
     assert out.returncode == 2, out.stderr[-3000:]
     assert "non-finite loss at epoch 0, by step 2" in out.stderr and "Traceback" not in out.stderr, out.stderr[-3000:]
     failed = json.loads((tmp_path / "nan" / "failed.json").read_text())
