@@ -129,6 +129,7 @@ CHECKS: dict[str, tuple[Check, str]] = {
     "trainer.monitor_mode": one_of("max", "min"),
     "trainer.validate": one_of("beam", "loss"),
     "trainer.clip_on": one_of("mean", "sum"),
+    "trainer.memory_check": BOOL,
     "optim.lr": POSITIVE_NUMBER,
     "optim.weight_decay": number(ge=0),
     "optim.eps": POSITIVE_NUMBER,
@@ -300,27 +301,39 @@ def errors(cfg: DictConfig) -> list[str]:
 DEVICE_ARGS = ("accelerator", "devices", "strategy", "precision", "num_nodes")
 
 
+def bare_trainer(args: dict):
+    """Lightning's Trainer of these device arguments alone (no logger, callbacks or output): what they resolve to
+    on this machine (accelerator, number of processes), or Lightning's exception."""
+    import warnings
+
+    import lightning as L
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return L.Trainer(**args, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False)
+
+
+def device_args(cfg: DictConfig) -> dict:
+    """The Trainer's device arguments of genrec.train's `trainer.lightning` or genrec.evaluate's keys."""
+    node = _get(cfg, "trainer.lightning")
+    node = node if isinstance(node, dict) else {k: v for k in DEVICE_ARGS if (v := _get(cfg, k)) is not _ABSENT}
+    return {k: node[k] for k in DEVICE_ARGS if k in node}
+
+
 def trainer_errors(cfg: DictConfig) -> list[str]:
     """What Lightning's Trainer refuses of the accelerator, devices, strategy, precision and num_nodes (genrec.train's
     `trainer.lightning`, genrec.evaluate's `accelerator`) on THIS machine (devices=0, a misspelt precision,
     accelerator=gpu without a GPU), found by building a bare Trainer from them: before the data stage rather than
     after it. Not part of `errors`: a GPU command line checks fine on a CPU machine (genrec.config_check's CLI)."""
-    node = _get(cfg, "trainer.lightning")
-    node = node if isinstance(node, dict) else {k: v for k in DEVICE_ARGS if (v := _get(cfg, k)) is not _ABSENT}
-    args = {k: node[k] for k in DEVICE_ARGS if k in node}
+    args = device_args(cfg)
     if not args:
         return []
     import logging
-    import warnings
-
-    import lightning as L
 
     def refused(some: dict) -> str | None:
         try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                L.Trainer(**some, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                          enable_model_summary=False)
+            bare_trainer(some)
         except Exception as e:
             return " ".join(str(e).split())
         return None

@@ -39,6 +39,7 @@ from genrec.eval.metrics import is_loss
 from genrec.lit import GenRec, NonFiniteLoss
 from genrec.loggers import close_wandb, forget_wandb_run, log_final
 from genrec.malloc import keep_freed_memory
+from genrec.memory import Estimate, check as check_memory
 from genrec.prepare import prepare
 from genrec.runs import checkpoint_path, config_changes, write_json, write_text
 
@@ -200,6 +201,9 @@ def train(cfg: DictConfig, start: float, resume_dir: Path | None, objective_name
                        t.num_workers, t.pin_memory, t.val_users, t.length_window)
     module = GenRec(cfg, data.sids, dm.item_counts())  # LR schedule length: from the Trainer (world size)
     module.clock = (start, 0.0)  # validation points' wall seconds count from this process's start
+    estimate = None  # the launching process's memory check, before it starts any other (genrec/memory.py)
+    if t.memory_check and rank_zero_only.rank == 0:
+        estimate = check_memory(cfg, module, dm.splits["train"])
     if resume_dir is None and rank_zero_only.rank == 0:
         forget_wandb_run(run_dir)  # a fresh run in a reused dir is a new W&B run
 
@@ -223,7 +227,7 @@ def train(cfg: DictConfig, start: float, resume_dir: Path | None, objective_name
             if k not in ("epoch", "seconds")}
            if best_epoch is not None else {}),
         "best_epoch": best_epoch, "epochs": trainer.current_epoch,
-        **cost(module, trainer),
+        **cost(module, trainer, estimate),
         "dataset": cfg.dataset.name, "backbone": _choice(cfg, "backbone"), "objective": objective_name or _choice(cfg, "objective"),
         "seed": cfg.seed, "eval_score": module.evaluator.score, "eval_temperature": module.evaluator.temperature,
         "checkpoint": best, "history": history,
@@ -240,15 +244,17 @@ def train(cfg: DictConfig, start: float, resume_dir: Path | None, objective_name
     return result
 
 
-def cost(module: GenRec, trainer: L.Trainer) -> dict:
+def cost(module: GenRec, trainer: L.Trainer, estimate: Estimate | None = None) -> dict:
     """Wall seconds (all of a resumed run's processes, data stage and test included), of which training
-    epochs, and peak resident memory of the largest process (GPU: peak allocated, too)."""
+    epochs, and peak resident memory of the largest process (GPU: peak allocated, too), beside the estimate per
+    process that the memory check made before training (genrec/memory.py)."""
     peak = torch.tensor([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,  # KiB -> GiB (Linux)
                          torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else 0.0])
     peak = trainer.strategy.reduce(peak.to(module.device), reduce_op="max").cpu()
     train = None if module.train_seconds is None else round(module.train_seconds, 1)
     return {"seconds": round(module.elapsed(), 1), "train_seconds": train,
             "peak_rss_gb": round(float(peak[0]), 2), **({"peak_gpu_gb": round(float(peak[1]), 2)} if peak[1] else {}),
+            **({"memory_estimate_gb": round(estimate.per_process / 2**30, 2)} if estimate else {}),
             "processes": trainer.world_size}
 
 
@@ -307,7 +313,7 @@ def lost_peer_hint(e: BaseException) -> str | None:
         return None
     return ("another process of this run died first (an out-of-memory kill leaves only this message: `dmesg | grep "
             "-i oom`); the same command with resume=true continues from the last epoch's checkpoint, also with memory "
-            "options changed (trainer.keep_freed_memory=false, backbone.memory); a smaller trainer.batch_size is a new run")
+            "options changed (backbone.memory, backbone.memory_under_autocast); a smaller trainer.batch_size is a new run")
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")

@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-TIMINGS = ("seconds", "train_seconds", "peak_rss_gb", "peak_gpu_gb", "checkpoint")
+TIMINGS = ("seconds", "train_seconds", "peak_rss_gb", "peak_gpu_gb", "memory_estimate_gb", "checkpoint")
 
 
 def reproducible(metrics: dict) -> dict:
