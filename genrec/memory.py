@@ -9,7 +9,7 @@ where `activations` are the bytes autograd keeps for backward: measured by runni
 distinct tensors it saves (`torch.autograd.graph.saved_tensors_hooks`); they grow linearly with the examples, so
     activations = fixed + per_example x trainer.batch_size.
 What this does not count (backward's transient gradients, evaluation, the allocator's heap) is covered by one
-measured allowance: the estimate is `ALLOWANCE` x that sum (peak resident memory over the sum: 1.6-2.3 in Office
+measured allowance: the estimate is `ALLOWANCE` x that sum (peak resident memory over the sum: 1.55-2.4 in Office
 runs of CE and pairwise APAO, with trainer.keep_freed_memory true or false alike; benchmarks/memory.py).
 Layers recomputed in backward (`backbone.memory=checkpoint`) save only their inputs; their recomputation's
 transient activations (`backbone.memory_users` users at a time) are not counted.
@@ -30,7 +30,7 @@ from genrec.data.readers.common import DataError
 
 GB = 2**30
 PROBE = 4  # examples per probe forward (k; and 2k)
-ALLOWANCE = 2.0  # peak RSS over the counted bytes (benchmarks/memory.py: 1.55-1.99 in 40-step runs, 2.3 a whole run)
+ALLOWANCE = 2.0  # peak RSS over the counted bytes (benchmarks/memory.py: 1.55-1.99 in 40-step runs, 1.9-2.4 whole runs)
 
 
 @dataclass
