@@ -99,7 +99,7 @@ def available_bytes() -> float | None:
 
 
 def estimate(cfg: DictConfig, module, train_set, processes: int) -> Estimate:
-    """The per-process estimate for `module` trained on `train_set` (a SeqDataset) under `cfg`."""
+    """The per-process estimate for `module` trained on `train_set` (the datamodule's training `Examples`) under `cfg`."""
     longest = np.argsort(-np.asarray(train_set.lengths), kind="stable")
     autocast = torch.bfloat16 if str(cfg.trainer.precision).startswith("bf16") else None
     was_training = module.training
