@@ -7,7 +7,8 @@ example), after a warm-up step. Also the padding efficiency (real history tokens
 tokens over a whole epoch) of our length-bucketed batches vs random batches, and the throughput on
 `--random-batches` random batches, and (`--bf16`, default on) the same bucketed batches with the forward
 under CPU bf16 autocast (`trainer.precision=bf16-mixed`, as experiment=office_cpu trains), timed in the same
-run, as a ratio to float32. The cores may be shared: the batches are repeated for
+run, as a ratio to float32; for Llama also bf16 with its training prefill attention in SDPA, as before
+2026-12-05 (`genrec.models.llama_block.prefill_attention`: SDPA's CPU backward), as a ratio. The cores may be shared: the batches are repeated for
 `--min-seconds` and each batch's fastest pass counts; samples per CPU second (process time) is
 the number contention distorts least. The last line printed is one JSON object.
 
@@ -20,8 +21,12 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from unittest import mock
 
 import torch
+import torch.nn.functional as F
+
+from genrec.models import llama_block
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -57,6 +62,12 @@ def main() -> None:
             train = TrainStep(*cfgs[b], bf16=True)
             train.step(max(bucketed, key=lambda x: x["history"].shape[1]))
             best[b]["bf16"] = best_times(train.step, bucketed, args.min_seconds)
+            if b == "llama":  # the same step with SDPA's backward in the prefill (genrec before 2026-12-05)
+                def sdpa(q, k, v, mask, p, training):
+                    return F.scaled_dot_product_attention(q, k, v, mask, dropout_p=p if training else 0.0)
+                with mock.patch.object(llama_block, "prefill_attention", sdpa):
+                    train.step(max(bucketed, key=lambda x: x["history"].shape[1]))
+                    best[b]["bf16_sdpa"] = best_times(train.step, bucketed, args.min_seconds)
         load.append(load_average())
         print(f"{b}: {json.dumps(best[b])}", flush=True)
     n_bucketed, n_random = (sum(len(x["index"]) for x in xs) for xs in (bucketed, random))
@@ -76,6 +87,9 @@ def main() -> None:
             row["bf16_samples_per_s"] = round(n_bucketed / t["bf16"][0], 1)
             row["bf16_samples_per_cpu_s"] = round(n_bucketed / t["bf16"][1], 1)
             row["bf16_speedup_cpu"] = round(row["bf16_samples_per_cpu_s"] / row["samples_per_cpu_s"], 2)
+        if t.get("bf16_sdpa"):
+            row["bf16_sdpa_samples_per_cpu_s"] = round(n_bucketed / t["bf16_sdpa"][1], 1)
+            row["bf16_explicit_vs_sdpa_cpu"] = round(t["bf16_sdpa"][1] / t["bf16"][1], 2)
         result[b] = row
     result["config"] = {"data": "Office (APAO release codes, T=4)", "objective": "ce", "batch_size": args.batch_size,
                         "train_examples": len(lengths), "batches": args.batches, "examples": n_bucketed,

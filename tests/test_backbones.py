@@ -1,13 +1,16 @@
 """Tiger and Llama against HF's T5 / Llama, and their cached paths against brute force."""
 
+import itertools
 from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from toy import random_batch, random_sids
 
+from genrec.models import llama_block
 from genrec.models.base import BOS, Backbone
 from genrec.models.llama import Llama
 from genrec.models.tiger import Tiger
@@ -159,6 +162,47 @@ def test_gradients_match_hf(name):
     for n, g in ours.items():
         assert torch.isfinite(g).all() and g.abs().sum() > 0, n
         torch.testing.assert_close(g, theirs[n], atol=1e-5, rtol=1e-5, msg=n)
+
+
+def test_llama_bf16_training_attention_matches_a_float64_reference():
+    """Llama's history prefill attention when training in bf16 on CPU (explicit softmax(q k^T / sqrt(d)) v, not
+    SDPA, whose CPU backward is slow): its output and q/k/v gradients are a float64 per-row loop's to bf16 rounding,
+    as close as SDPA's bf16 kernel is; left-padded rows (pads see only themselves) included. The model's training
+    encoding under bf16 autocast equals its no-grad (SDPA) one to bf16 rounding."""
+    g = torch.Generator().manual_seed(0)
+    B, H, S, d = 3, 2, 7, 8
+    q, k, v = (torch.randn(B, H, S, d, generator=g).bfloat16().requires_grad_() for _ in range(3))
+    real = torch.arange(S)[None] >= torch.tensor([0, 2, 5])[:, None]  # left padding
+    mask = (torch.ones(S, S, dtype=torch.bool).tril() & (real[:, None] | torch.eye(S, dtype=torch.bool)))[:, None]
+    w = torch.randn(B, H, S, d, generator=g, dtype=torch.float64)
+
+    def reference(q, k, v):
+        out = torch.zeros(B, H, S, d, dtype=torch.float64)
+        for b_, h, i in itertools.product(range(B), range(H), range(S)):
+            keys = mask[b_, 0, i].nonzero()[:, 0]
+            a = (k[b_, h, keys] @ q[b_, h, i] / d**0.5).softmax(0)
+            out[b_, h, i] = a @ v[b_, h, keys]
+        return out
+
+    def run(f, *x):
+        y = f(*x)
+        grads = torch.autograd.grad((y.double() * w).sum(), x)
+        return y.detach().double(), grads
+    ref, ref_grads = run(reference, *(x.detach().double().requires_grad_() for x in (q, k, v)))
+    ours, grads = run(lambda *x: llama_block.prefill_attention(*x, mask, 0.0, True), q, k, v)
+    sdpa, sdpa_grads = run(lambda *x: F.scaled_dot_product_attention(*x, mask), q, k, v)
+    for a, b_, c in zip((ours, *grads), (ref, *ref_grads), (sdpa, *sdpa_grads)):
+        err, sdpa_err = (a.double() - b_).abs().max(), (c.double() - b_).abs().max()
+        assert err <= max(2 * sdpa_err, 2**-8 * b_.abs().max())
+
+    model, b = make("llama"), batch()
+    pad = lambda x: torch.cat([torch.zeros_like(x[:, :3]), x], 1)  # noqa: E731
+    model.float()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.no_grad():
+            sdpa = model.encode(pad(b["history"]), pad(b["mask"])).logits.float()
+        explicit = model.encode(pad(b["history"]), pad(b["mask"])).logits.detach().float()
+    assert (explicit - sdpa).abs().max() < 2**-7 * sdpa.abs().max()  # two bf16 roundings
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -60,15 +60,25 @@ def rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return x * cos + torch.cat([-x2, x1], -1) * sin
 
 
+def prefill_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, p: float, training: bool) -> Tensor:
+    """softmax(q k^T / sqrt(d)) v over the keys in mask, [B, H, S, d]. Training in bf16 on CPU computes it
+    explicitly, as HF's eager attention (softmax in float32): SDPA's bf16 CPU backward took ~40% of a Llama step,
+    which runs 1.7x as fast without it (benchmarks/training.py). Otherwise SDPA (its fused CPU forward is ~3x the
+    explicit one; in float32 its backward is as fast)."""
+    if q.requires_grad and q.device.type == "cpu" and q.dtype == torch.bfloat16:
+        scores = (q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5).masked_fill(~mask, float("-inf"))
+        a = scores.softmax(-1, dtype=torch.promote_types(scores.dtype, torch.float32))
+        return F.dropout(a.to(v.dtype), p, training) @ v
+    return F.scaled_dot_product_attention(q, k, v, mask, dropout_p=p if training else 0.0)
+
+
 def attention(q: Tensor, k: Tensor, v: Tensor, own_mask: Tensor | None, history: tuple[Tensor, Tensor, Tensor] | None,
               p: float, training: bool) -> Tensor:
     """q [B, N, H, S, d] over each row's own keys k, v [B, N, H, t, d] (masked by `own_mask`) and,
     if `history` = (K, V [B, H, L, d], mask [B, L]), the user's shared history keys: one softmax
     over both; dropout p on the probabilities. Output [B, N, H, S, d]."""
-    if history is None:  # history prefill (N = 1); SDPA's fused CPU kernel wants 4-D inputs
-        y = F.scaled_dot_product_attention(*(x.flatten(0, 1) for x in (q, k, v, own_mask)),
-                                           dropout_p=p if training else 0.0)
-        return y.unflatten(0, q.shape[:2])
+    if history is None:  # history prefill (N = 1)
+        return prefill_attention(*(x.flatten(0, 1) for x in (q, k, v, own_mask)), p, training).unflatten(0, q.shape[:2])
     B, N, H, S, d = q.shape
     hk, hv, mask = history
     L = mask.shape[1]
