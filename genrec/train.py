@@ -213,6 +213,8 @@ def train(cfg: DictConfig, start: float, resume_dir: Path | None, objective_name
     if trainer.is_global_zero:
         write_text(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
         epoch = torch.load(last, map_location="cpu", mmap=True, weights_only=False)["epoch"] if resume_from else -1
+        if resume_from:
+            print(f"resume: continuing {run_dir} after epoch {epoch} (checkpoints/last.ckpt)", flush=True)
         keep_logged_rows(trainer.logger, epoch)
         trainer.logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
     trainer.fit(module, dm, ckpt_path=str(resume_from) if resume_from else None)

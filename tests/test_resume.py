@@ -98,6 +98,7 @@ def test_wall_time_counts_the_processes_before_a_resume(tmp_path, legacy):
     torch.save(ckpt, last)
     out = train(run, tmp_path / "data", "resume=true")
     assert out.returncode == 0, out.stderr[-3000:]
+    assert f"resume: continuing {run} after epoch 0 (checkpoints/last.ckpt)" in out.stdout  # the log says so
     m = json.loads((run / "metrics.json").read_text())
     assert 3 * 3600 < m["seconds"] < 3 * 3600 + 600
     assert m["train_seconds"] is None if legacy else 2 * 3600 < m["train_seconds"] < 2 * 3600 + 600
