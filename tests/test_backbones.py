@@ -164,7 +164,7 @@ def test_gradients_match_hf(name):
         torch.testing.assert_close(g, theirs[n], atol=1e-5, rtol=1e-5, msg=n)
 
 
-def test_llama_bf16_training_attention_matches_a_float64_reference():
+def test_llama_bf16_training_attention_matches_a_float64_reference(monkeypatch):
     """Llama's history prefill attention when training in bf16 on CPU (explicit softmax(q k^T / sqrt(d)) v, not
     SDPA, whose CPU backward is slow): its output and q/k/v gradients are a float64 per-row loop's to bf16 rounding,
     as close as SDPA's bf16 kernel is; left-padded rows (pads see only themselves) included. The model's training
@@ -198,10 +198,14 @@ def test_llama_bf16_training_attention_matches_a_float64_reference():
     model, b = make("llama"), batch()
     pad = lambda x: torch.cat([torch.zeros_like(x[:, :3]), x], 1)  # noqa: E731
     model.float()
+    calls, fused = [], F.scaled_dot_product_attention
+    monkeypatch.setattr(F, "scaled_dot_product_attention", lambda *a, **kw: calls.append(a[0].dtype) or fused(*a, **kw))
     with torch.autocast("cpu", dtype=torch.bfloat16):
         with torch.no_grad():
             sdpa = model.encode(pad(b["history"]), pad(b["mask"])).logits.float()
+        assert len(calls) == len(model.layers)  # inference: SDPA
         explicit = model.encode(pad(b["history"]), pad(b["mask"])).logits.detach().float()
+        assert len(calls) == len(model.layers)  # training under autocast (q, k float32 after rotary): explicit
     assert (explicit - sdpa).abs().max() < 2**-7 * sdpa.abs().max()  # two bf16 roundings
 
 

@@ -62,13 +62,15 @@ def rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 def prefill_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, p: float, training: bool) -> Tensor:
     """softmax(q k^T / sqrt(d)) v over the keys in mask, [B, H, S, d]. Training in bf16 on CPU computes it
-    explicitly, as HF's eager attention (softmax in float32): SDPA's bf16 CPU backward took ~40% of a Llama step,
-    which runs 1.7x as fast without it (benchmarks/training.py). Otherwise SDPA (its fused CPU forward is ~3x the
-    explicit one; in float32 its backward is as fast)."""
-    if q.requires_grad and q.device.type == "cpu" and q.dtype == torch.bfloat16:
-        scores = (q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5).masked_fill(~mask, float("-inf"))
-        a = scores.softmax(-1, dtype=torch.promote_types(scores.dtype, torch.float32))
-        return F.dropout(a.to(v.dtype), p, training) @ v
+    explicitly (the softmax accumulates in float32, its probabilities are kept in bf16, as the product with v
+    reads them): SDPA's bf16 CPU backward took half of a Llama step, which runs 1.9x as fast without it
+    (benchmarks/training.py). Otherwise SDPA (its fused CPU forward is ~3x the explicit one; in float32 its
+    backward is as fast)."""
+    # under autocast q and k are float32 (after rotary), v bf16
+    autocast = torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+    if q.requires_grad and q.device.type == "cpu" and (autocast or v.dtype == torch.bfloat16):
+        scores = (q * q.shape[-1] ** -0.5) @ k.transpose(-1, -2)  # the scale on the narrow side
+        return F.dropout(scores.masked_fill(~mask, float("-inf")).softmax(-1), p, training) @ v
     return F.scaled_dot_product_attention(q, k, v, mask, dropout_p=p if training else 0.0)
 
 
