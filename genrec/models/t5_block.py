@@ -118,8 +118,9 @@ class Block(nn.Module):
         the R rows of a user are the queries of one cross-attention call."""
         x = x + attend(self.attn, self.attn_norm(x))
         if enc_kv is not None:
+            k, v = enc_kv  # unbind (one gradient stack), not two selects (a zero-filled gradient each)
             x = x + self.drop(self.cross.o(self.attention(self.cross.heads(self.cross.q(self.cross_norm(x))),
-                                                         enc_kv[0], enc_kv[1], None, enc_mask)))
+                                                         k, v, None, enc_mask)))
         h = self.drop(self.ff.wi(self.ff_norm(x)).relu())
         return x + self.drop(self.ff.wo(h))
 

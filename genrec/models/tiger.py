@@ -46,7 +46,9 @@ from genrec.models.tiger_backward import CandidateBlock, EncoderBlock
 class TigerEncoding:
     mask: Tensor  # [B, L] bool
     states: Tensor  # [B, L, D] encoder output
-    cross_kv: Tensor  # [layers, 2, B, H, L, d_kv]: each decoder layer's cross-attention K, V
+    cross_kv: Tensor  # [layers, 2, B, H, L, d_kv]: each decoder layer's cross-attention K, V. Training iterates it
+    # (unbind: one gradient stack); indexing it per layer would back-propagate through a zero-filled full-size
+    # gradient per layer (10% of a TIGER CE step)
 
 
 @dataclass
@@ -254,15 +256,15 @@ class Tiger(Backbone):
             # The hand-written blocks compute in the parameters' dtype with autocast off (under
             # bf16-mixed too: their backward runs outside autocast, so forward must not run in bf16).
             users = self.memory_users or B
-            for i, blk in enumerate(self.decoder):
-                w, (ck, cv) = blk.weights(), enc.cross_kv[i]
+            for blk, (ck, cv) in zip(self.decoder, enc.cross_kv):  # unbind, not indexing: see `TigerEncoding`
+                w = blk.weights()
                 ck, cv = ck.to(z.dtype), cv.to(z.dtype)  # bf16 from the encoder's autocast projection
                 with torch.autocast(z.device.type, enabled=False):
                     z = torch.cat([CandidateBlock.apply(*g, bias, self.p, blk.attn_norm.eps, *w) for g in
                                    zip(z.split(users), ck.split(users), cv.split(users), enc.mask.split(users))])
         else:
-            for i, blk in enumerate(self.decoder):
-                args = (z, self._candidate_attention(blk, bias, N, m), enc.cross_kv[i], enc.mask)
+            for blk, kv in zip(self.decoder, enc.cross_kv):
+                args = (z, self._candidate_attention(blk, bias, N, m), kv, enc.mask)
                 z = checkpoint(blk, *args, use_reentrant=False) if saving == "checkpoint" else blk(*args)
         return self._head_input(z)
 
