@@ -8,8 +8,9 @@ tokens over a whole epoch) of our length-bucketed batches vs random batches, and
 `--random-batches` random batches, and (`--bf16`, default on) the same bucketed batches with the forward
 under CPU bf16 autocast (`trainer.precision=bf16-mixed`, as experiment=office_cpu trains), timed in the same
 run, as a ratio to float32; for Llama also bf16 with its training prefill attention in SDPA, as before
-2026-12-05 (`genrec.models.llama_block.prefill_attention`: SDPA's CPU backward), as a ratio. The cores may be shared: the batches are repeated for
-`--min-seconds` and each batch's fastest pass counts; samples per CPU second (process time) is
+2026-12-05 (`genrec.models.llama_block.prefill_attention`: SDPA's CPU backward), as a ratio. The cores
+may be shared: the batches are repeated for `--min-seconds` and each batch's fastest pass counts;
+samples per CPU second (process time) is
 the number contention distorts least. The last line printed is one JSON object.
 
   python benchmarks/training.py [--batches 6] [--batch-size 256] [--backbones tiger llama] [--threads 1] [--no-bf16]
