@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import lightning as L
@@ -54,3 +55,37 @@ class ValidateLastEpoch(Callback):
     def on_train_epoch_start(self, trainer: L.Trainer, module: L.LightningModule) -> None:
         if trainer.check_val_every_n_epoch and trainer.current_epoch == trainer.max_epochs - 1:
             trainer.check_val_every_n_epoch = 1
+
+
+class EpochLog(Callback):
+    """Without a progress bar (background runs, `trainer.progress_bar=false`) the launching process prints one line
+    per epoch: its last training loss, its validation `metrics` and monitor if it validated (marked best by it),
+    its minutes (validation included) and the minutes left at this process's mean epoch (at most, under early
+    stopping), e.g. `epoch 12/42 · train/loss 1.5811 · val recall@10 0.0349 ndcg@10 0.0176 (best) · 2.3 min · ~69 min left`."""
+
+    def __init__(self, metrics: list[str]) -> None:
+        self.metrics, self.times, self.start = list(metrics), [], 0.0
+
+    def on_train_epoch_start(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+        self.start = time.time()
+
+    def on_train_epoch_end(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+        if trainer.progress_bar_callback is not None or not trainer.is_global_zero:
+            return
+        self.times.append(time.time() - self.start)
+        e = trainer.current_epoch
+        parts = [f"epoch {e + 1}/{trainer.max_epochs}"]
+        if (loss := trainer.callback_metrics.get("train/loss")) is not None:
+            parts.append(f"train/loss {float(loss):.4f}")
+        history = getattr(module, "history", [])
+        if history and history[-1]["epoch"] == e:
+            val, t = history[-1], module.cfg.trainer
+            key = t.monitor.removeprefix("val/")
+            pick = min if t.monitor_mode == "min" else max
+            best = key in val and pick(h[key] for h in history if key in h) == val[key]
+            shown = [k for k in dict.fromkeys([*self.metrics, key]) if k in val]  # the monitor's too
+            parts.append("val " + " ".join(f"{k} {val[k]:.4f}" for k in shown) + " (best)" * best)
+        parts.append(f"{self.times[-1] / 60:.1f} min")
+        if left := (trainer.max_epochs - e - 1) * sum(self.times) / len(self.times) / 60:
+            parts.append(f"~{left:.{0 if left >= 10 else 1}f} min left")
+        print(" · ".join(parts), flush=True)

@@ -29,7 +29,7 @@ EXECUTION = ("run_dir", "resume", "data_dir", "tags", "logger", "hydra",
              "trainer.lightning.strategy", "trainer.lightning.enable_progress_bar",
              "backbone.memory", "backbone.memory_users", "backbone.memory_under_autocast", "backbone.lean_users",
              "backbone.lean_under_autocast", "trainer.keep_freed_memory", "trainer.memory_check",
-             "trainer.pin_memory",
+             "trainer.pin_memory", "callbacks.epoch_log",
              "trainer.validate")  # what validation logs beside the monitored loss (config_check), not the model
 
 

@@ -92,8 +92,8 @@ BAD = [  # (overrides, the one line after "error: ")
     (["dataset.reader._target_=genrec.data.readers.common.find_file"],  # no strict=: not a Reader
      "dataset.reader._target_=genrec.data.readers.common.find_file: a reader takes strict= and returns RawData "
      "(genrec.data.readers.common.Reader)"),
-    (["~callbacks.checkpoints"], "callbacks=[early_stopping,validate_last_epoch]: one of them genrec.callbacks.Checkpoints "
-     "(conf/callbacks/checkpoints.yaml: best.ckpt, last.ckpt), e.g. callbacks=[default,...]"),
+    (["~callbacks.checkpoints"], "callbacks=[early_stopping,validate_last_epoch,epoch_log]: one of them "
+     "genrec.callbacks.Checkpoints (conf/callbacks/checkpoints.yaml: best.ckpt, last.ckpt), e.g. callbacks=[default,...]"),
     (["+trainer.lightning.max_tme=00:01:00:00"],
      "trainer.lightning.max_tme: not an argument of lightning.pytorch.Trainer (did you mean max_time?)"),
     (["+callbacks.early_stopping.patiense=3"],
@@ -102,8 +102,8 @@ BAD = [  # (overrides, the one line after "error: ")
     (["+callbacks.swa._target_=lightning.pytorch.callbacks.SWA"],
      "callbacks.swa._target_=lightning.pytorch.callbacks.SWA: an importable class"),
     (["callbacks.checkpoints._target_=genrec.Checkpoints"],
-     "callbacks=[checkpoints,early_stopping,validate_last_epoch]: one of them genrec.callbacks.Checkpoints "
-     "(conf/callbacks/checkpoints.yaml: best.ckpt, last.ckpt), e.g. callbacks=[default,...]"),
+     "callbacks=[checkpoints,early_stopping,validate_last_epoch,epoch_log]: one of them "
+     "genrec.callbacks.Checkpoints (conf/callbacks/checkpoints.yaml: best.ckpt, last.ckpt), e.g. callbacks=[default,...]"),
 ]
 
 

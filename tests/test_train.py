@@ -46,12 +46,22 @@ def test_same_config_and_seed_give_identical_metrics(tmp_path):
     assert reproducible(c) != reproducible(a)
 
 
-def test_the_last_epoch_is_validated_whatever_the_validation_interval(tmp_path):
+def test_the_last_epoch_is_validated_whatever_the_validation_interval(tmp_path, capsys):
     """Lightning validates when (epoch + 1) % check_val_every_n_epoch == 0: 5 epochs validated every 2 would leave
-    the last one (a cooldown's lowest learning rate) out of model selection."""
+    the last one (a cooldown's lowest learning rate) out of model selection. Without a progress bar each epoch
+    prints one line (callbacks.epoch_log), its validation and whether it is the best so far among them."""
     r = run(config(tmp_path, "trainer.max_epochs=5", "trainer.check_val_every_n_epoch=2",
-                   "trainer.limit_train_batches=2"))
+                   "trainer.limit_train_batches=2", "trainer.monitor=val/loss", "trainer.monitor_mode=min"))
     assert [h["epoch"] for h in r["history"]] == [1, 3, 4]
+    lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("epoch ")]
+    assert [x.split(" · ")[0] for x in lines] == [f"epoch {e}/5" for e in range(1, 6)]
+    losses = {h["epoch"]: h["loss"] for h in r["history"]}
+    for e, line in enumerate(lines):
+        assert ("val " in line) == (e in losses), line
+        assert line.endswith("min left" if e < 4 else " min"), line
+        if e in losses:
+            assert f" loss {losses[e]:.4f}" in line
+            assert ("(best)" in line) == (losses[e] == min(v for k, v in losses.items() if k <= e)), line
 
 
 def _train_cmd(run_dir: Path, data_dir: Path, *extra: str) -> list[str]:
