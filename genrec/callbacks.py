@@ -57,6 +57,14 @@ class ValidateLastEpoch(Callback):
             trainer.check_val_every_n_epoch = 1
 
 
+def best_of(history: list[dict], monitor: str, mode: str) -> int | None:
+    """The epoch whose `monitor` (e.g. val/ndcg@10) is best under `mode` (max | min); the first on ties,
+    as the checkpoint callback keeps it. Epochs without the value never win."""
+    key, sign = monitor.split("/", 1)[1], 1 if mode == "max" else -1
+    scored = [h for h in history if key in h and h[key] == h[key]]  # drop missing and NaN
+    return max(scored, key=lambda h: sign * h[key])["epoch"] if scored else None
+
+
 class EpochLog(Callback):
     """Without a progress bar (background runs, `trainer.progress_bar=false`) the launching process prints one line
     per epoch: its last training loss, its validation `metrics` and monitor if it validated (marked best by it),
@@ -80,10 +88,8 @@ class EpochLog(Callback):
         history = getattr(module, "history", [])
         if history and history[-1]["epoch"] == e:
             val, t = history[-1], module.cfg.trainer
-            key = t.monitor.removeprefix("val/")
-            pick = min if t.monitor_mode == "min" else max
-            best = key in val and pick(h[key] for h in history if key in h) == val[key]
-            shown = [k for k in dict.fromkeys([*self.metrics, key]) if k in val]  # the monitor's too
+            best = best_of(history, t.monitor, t.monitor_mode) == e  # the epoch best.ckpt holds
+            shown = [k for k in dict.fromkeys([*self.metrics, t.monitor.split("/", 1)[1]]) if k in val]  # + monitor
             parts.append("val " + " ".join(f"{k} {val[k]:.4f}" for k in shown) + " (best)" * best)
         parts.append(f"{self.times[-1] / 60:.1f} min")
         if left := (trainer.max_epochs - e - 1) * sum(self.times) / len(self.times) / 60:

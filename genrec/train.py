@@ -31,7 +31,7 @@ from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from genrec.callbacks import Checkpoints
+from genrec.callbacks import Checkpoints, best_of
 from genrec.config_check import check, exit_if_invalid
 from genrec.data.datamodule import SeqDataModule
 from genrec.data.readers.common import DataError
@@ -266,14 +266,6 @@ def build_trainer(cfg: DictConfig, run_dir: Path) -> L.Trainer:
     callbacks = [instantiate(c) for c in cfg.callbacks.values()]
     return instantiate(cfg.trainer.lightning, logger=instantiate(cfg.logger), callbacks=callbacks,
                        default_root_dir=str(run_dir))
-
-
-def best_of(history: list[dict], monitor: str, mode: str) -> int | None:
-    """The epoch whose `monitor` (e.g. val/ndcg@10) is best under `mode` (max | min); the first on ties,
-    as the checkpoint callback keeps it. Epochs without the value never win."""
-    key, sign = monitor.split("/", 1)[1], 1 if mode == "max" else -1
-    scored = [h for h in history if key in h and h[key] == h[key]]  # drop missing and NaN
-    return max(scored, key=lambda h: sign * h[key])["epoch"] if scored else None
 
 
 def _choice(cfg: DictConfig, group: str) -> str:
