@@ -8,9 +8,10 @@ Rebuilds the run's data, model and evaluator from its saved `config.yaml` (data 
 from the cache; no training objective: an S-DPO run evaluates without its reference run), loads
 the checkpoint's model weights, evaluates, and writes `<run dir>/eval/<split>-beam<K>.json`
 (`...-<checkpoint name>.json` for a checkpoint other than the run's selected one, e.g. last.ckpt);
-the last line printed is the same JSON object; per user ranks go to `<same name>.ranks.csv`. Scoring (`eval.score`, `eval.temperature`) is the
-run's own unless overridden (the file name then says which). `split=valid` scores every validation
-user, also for a run that selected on a `trainer.val_users` sample.
+the last line printed is the same JSON object; per user ranks go to `<same name>.ranks.csv`. Every `eval.*`
+key (beam, ks, full_rank, chunk, score, temperature) is the run's own unless this command sets it, one by
+one or as a preset (`eval=bear`); a scoring other than the run's is named in the file name. `split=valid`
+scores every validation user, also for a run that selected on a `trainer.val_users` sample.
 """
 
 from __future__ import annotations
@@ -22,9 +23,9 @@ from pathlib import Path
 import hydra
 import lightning as L
 import torch
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict
 
-from genrec.config_check import exit_if_invalid
+from genrec.config_check import ConfigError, check, exit_if_invalid
 from genrec.data.datamodule import SeqDataModule
 from genrec.data.readers.common import DataError
 from genrec.eval.module import EvalModule
@@ -44,16 +45,26 @@ def locate(ckpt: str) -> tuple[Path, Path]:
     return run_dir, path
 
 
+def with_eval(cfg: DictConfig, eval_cfg: dict | DictConfig) -> DictConfig:
+    out = cfg.copy()
+    with open_dict(out):
+        out.eval = eval_cfg
+    return out
+
+
+def given(cfg: DictConfig) -> DictConfig:
+    """`cfg` with only the `eval.*` keys this command sets (null: the run's own)."""
+    return with_eval(cfg, {k: v for k, v in cfg.eval.items() if v is not None})
+
+
 def evaluate(cfg: DictConfig) -> dict:
     run_dir, ckpt = locate(cfg.ckpt)
     run_cfg = run_config(run_dir / "config.yaml")
     own = {"score": run_cfg.eval.get("score", "full"), "temperature": run_cfg.eval.get("temperature", 1.0)}
-    with open_dict(run_cfg):
-        run_cfg.eval = cfg.eval
+    with open_dict(run_cfg):  # (runs from before eval.score scored `full` at temperature 1)
+        run_cfg.eval = OmegaConf.merge(own, run_cfg.eval, given(cfg).eval)
         run_cfg.data_dir = cfg.data_dir
-        for k, v in own.items():
-            if run_cfg.eval.get(k) is None:  # null: as the run evaluates
-                run_cfg.eval[k] = v
+    check(with_eval(cfg, run_cfg.eval))  # e.g. eval.ks beyond the run's beam
     data = prepare(run_cfg, log=lambda m: print(m, file=sys.stderr))
     dm = SeqDataModule(data.seq, data.sids, run_cfg.dataset.max_history, cfg.batch_size, cfg.batch_size,
                        run_cfg.seed)
@@ -65,11 +76,12 @@ def evaluate(cfg: DictConfig) -> dict:
     trainer.test(module, dataloaders=loader(), verbose=False)  # the test step, on the chosen split
     metrics = {f"{cfg.split}/{k}": v for k, v in module.last_metrics["test"].items()}
     score, temperature = module.evaluator.score, module.evaluator.temperature
-    result = {**metrics, "beam": cfg.eval.beam, "full_rank": cfg.eval.full_rank, "eval_score": score,
+    beam, full = run_cfg.eval.beam, run_cfg.eval.full_rank
+    result = {**metrics, "beam": beam, "full_rank": full, "eval_score": score,
               "eval_temperature": temperature, "checkpoint": str(ckpt)}
     scoring = "" if (score, temperature) == (own["score"], own["temperature"]) else f"-{score}-t{temperature:g}"
     other = "" if ckpt == checkpoint_path(run_dir) else f"-{ckpt.stem}"  # not the run's selected checkpoint
-    out = run_dir / "eval" / f"{cfg.split}-beam{cfg.eval.beam}{scoring}{'-full' if cfg.eval.full_rank else ''}{other}.json"
+    out = run_dir / "eval" / f"{cfg.split}-beam{beam}{scoring}{'-full' if full else ''}{other}.json"
     out.parent.mkdir(exist_ok=True)
     write_json(out, result)
     module.write_ranks(out.with_suffix(".ranks.csv"), dm.splits[cfg.split])  # per user: genrec.report's paired test
@@ -78,10 +90,10 @@ def evaluate(cfg: DictConfig) -> dict:
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="evaluate")
 def main(cfg: DictConfig) -> None:
-    exit_if_invalid(cfg, trainer=True)
+    exit_if_invalid(given(cfg), trainer=True)  # this command's values, before the run is read
     try:
         result = evaluate(cfg)
-    except DataError as e:
+    except (DataError, ConfigError) as e:  # a missing run; an eval key that does not fit the run's (eval.ks > beam)
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     print(json.dumps(result))

@@ -12,6 +12,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from genrec.config_check import ConfigError
 from genrec.data.datamodule import SeqDataModule
 from genrec.lit import GenRec
 from genrec.prepare import prepare
@@ -437,7 +438,7 @@ def test_scoring_defaults_follow_the_objective_and_are_recorded(tmp_path):
     full = again("eval.score=full", "eval.temperature=1.0")
     assert (full["eval_score"], full["eval_temperature"]) == ("full", 1.0)
     assert (tmp_path / "run" / "eval" / "test-beam5-full-t1.json").exists()
-    with pytest.raises(Exception, match="eval.score='soft' must be one of full, masked"):
+    with pytest.raises(ConfigError, match="eval.score=soft: one of full, masked"):  # before any compute
         again("eval.score=soft")
 
 

@@ -138,6 +138,27 @@ def test_evaluate_reproduces_test_metrics_and_reruns_other_beams(tmp_path):
     assert (full["full_rank"] == full["rank"].clip(upper=6)).all()  # full ranks beyond max(ks) = 5 read 6
 
 
+def test_evaluate_without_eval_keys_evaluates_as_the_run_did(tmp_path):
+    """The run's own evaluator (its beam, ks, full ranking) unless this command sets a key: a BEAR-protocol run
+    (beam 10, ks [5, 10]) is not silently re-scored at beam 20; `eval=<preset>` takes a preset's keys."""
+    r = run(config(tmp_path, "trainer.max_epochs=1", "eval.beam=6", "eval.ks=[2,5]"))
+    from genrec.evaluate import evaluate
+
+    def again(*over):
+        with initialize_config_dir(CONF, version_base="1.3"):
+            return evaluate(compose("evaluate", overrides=[f"ckpt={tmp_path}/run", f"data_dir={tmp_path.parent}/data",
+                                                           *over]))
+
+    own = again()
+    assert own["beam"] == 6 and not own["full_rank"] and ranking(own) == pytest.approx(ranking(r), rel=1e-5)
+    assert set(ranking(own)) == set(ranking(r))  # the run's ks: @2 and @5
+    assert (tmp_path / "run" / "eval" / "test-beam6.json").exists()
+    wide = again("eval.beam=8")  # one key set: the rest (ks) stays the run's
+    assert wide["beam"] == 8 and "test/recall@2" in wide and "test/recall@10" not in wide
+    preset = again("eval=bear")  # conf/eval/bear.yaml: beam 10, ks [5, 10]
+    assert preset["beam"] == 10 and "test/recall@10" in preset and "test/recall@2" not in preset
+
+
 def test_evaluating_another_checkpoint_of_a_run_keeps_the_selected_ones_file(tmp_path):
     """eval/<split>-beam<K>.json is the run's selected checkpoint's (the report reads it as the run's); another
     checkpoint of the run (last.ckpt) gets its own file, named after it."""
