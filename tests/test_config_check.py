@@ -47,7 +47,7 @@ BAD = [  # (overrides, the one line after "error: ")
     (["objective=sdpo"], "objective=sdpo: init_from=<a CE run dir or .ckpt> (S-DPO's start and reference), "
                          "or objective=sdpo_2stage"),
     (["objective=apao", "+stage1=cee"], "stage1=cee: an objective of conf/objective/ (apao, apao_pairwise, "
-                                         "apao_pointwise, bear, ce, msl, sdpo, sdpo_2stage)"),
+                                         "apao_pointwise, bear, ce, msl, sdpo, sdpo_2stage, sdpo_bear_2stage)"),
     (["objective=sdpo", "init_from=x", "objective.bear=true"],
      "objective.bear=true: null or {lam, xi, beam, widths} (lam: 0 = off)"),
     (["objective=apao", "objective.bear.lam=-0.1"], "objective.bear.lam=-0.1: a number >= 0"),
@@ -202,7 +202,7 @@ def test_config_check_cli_gives_one_verdict_per_command_line(tmp_path):
     assert out.returncode == 2 and len(lines) == 4 and lines[0] == "ok", out.stderr
     assert lines[1].startswith("error: trainer.accumulate=8: APAO sets its prefix weights")
     assert lines[2] == ("error: In 'config': Could not find 'objective/nope' Available options in 'objective': apao "
-                        "apao_pairwise apao_pointwise bear ce msl sdpo sdpo_2stage")
+                        "apao_pairwise apao_pointwise bear ce msl sdpo sdpo_2stage sdpo_bear_2stage")
     assert lines[3] == "error: eval.beam=0: an integer >= 1"  # (_cli's data_dir= joins the last command line)
     ok = _cli(tmp_path, "genrec.config_check", "experiment=office_cpu", "--", "trainer=gpu")
     assert (ok.returncode, ok.stdout) == (0, "ok\nok\n")  # a GPU command line checks on a CPU machine too

@@ -512,3 +512,20 @@ def test_objective_beam_is_the_eval_beam_in_the_saved_config(objective, key):
     assert OmegaConf.select(OmegaConf.create(OmegaConf.to_container(cfg.objective, resolve=True)), key) == 10
     assert OmegaConf.select(OmegaConf.create(OmegaConf.to_container(wide.objective, resolve=True)), key) == 50
 
+
+
+def test_bear_table_sweeps_the_papers_four_rows():
+    """experiment=bear_table trains CE, BEAR, S-DPO and S-DPO+BEAR (the BEAR paper's table), each labelled so."""
+    from genrec.report.load import objective_label
+
+    with initialize_config_dir(CONF, version_base="1.3"):
+        swept = compose("config", overrides=["experiment=bear_table"], return_hydra_config=True)
+    objectives = str(swept.hydra.sweeper.params.objective).split(",")
+    labels = {}
+    for o in objectives:
+        cfg = compose_release("experiment=bear_table", f"objective={o}")
+        labels[objective_label(OmegaConf.to_container(cfg.objective, resolve=True))] = cfg
+    assert set(labels) == {"CE", "BEAR", "S-DPO", "S-DPO+BEAR"}
+    assert labels["S-DPO+BEAR"].stage1 == "ce" and labels["S-DPO+BEAR"].objective.bear.lam > 0
+    assert labels["S-DPO"].stage1 == "ce" and labels["S-DPO"].objective.bear.lam == 0
+    assert all(c.eval.beam == 10 for c in labels.values())  # the BEAR protocol's beam
