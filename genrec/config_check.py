@@ -90,7 +90,7 @@ CHECKS: dict[str, tuple[Check, str]] = {
     "objective.loss": one_of("pointwise", "pairwise", "pairwise_printed"),  # pairwise_printed: formerly listwise
     "objective.weights": one_of("paper", "released", "uniform", "hardmax"),
     "objective.form": one_of("regularizer", "reweight"),
-    "objective.negatives.kind": one_of("uniform", "popularity", "hard"),
+    "objective.negatives.kind": one_of("uniform", "popularity", "hard", "beam"),
     "objective.negatives.refresh_every": POSITIVE,
     "objective.negatives.pool": POSITIVE,
     "objective.num_negatives": POSITIVE,

@@ -46,7 +46,8 @@ class GenRec(EvalModule):
         if cfg.get("init_from"):
             self.backbone.load_state_dict(load_backbone_state(cfg.init_from))
         self.objective = instantiate(cfg.objective)
-        ctx = TrainContext(sids, self._trie, item_counts, self.evaluator.beam, cfg.seed, updates_per_micro_batch(cfg))
+        ctx = TrainContext(sids, self._trie, item_counts, self.evaluator.beam, cfg.seed, updates_per_micro_batch(cfg),
+                           self.evaluator.score, self.evaluator.temperature)
         self.objective.setup(ctx, self.backbone)
         self._finite: torch.Tensor | None = None  # per loss term: finite at every step since the last check
         self.history: list[dict] = []  # validation metrics per epoch (checkpointed)

@@ -42,7 +42,7 @@ BAD = [  # (overrides, the one line after "error: ")
      "objective.weights=equal: one of paper, released, uniform, hardmax"),
     (["objective=bear", "objective.form=penalty"], "objective.form=penalty: one of regularizer, reweight"),
     (["objective=sdpo", "init_from=x", "objective.negatives.kind=random"],
-     "objective.negatives.kind=random: one of uniform, popularity, hard"),
+     "objective.negatives.kind=random: one of uniform, popularity, hard, beam"),
     (["objective.temperature=0"], "objective.temperature=0: a number > 0"),
     (["objective=sdpo"], "objective=sdpo: init_from=<a CE run dir or .ckpt> (S-DPO's start and reference), "
                          "or objective=sdpo_2stage"),

@@ -133,3 +133,57 @@ def test_objectives_redraw_on_epoch_start(name):
     first = obj.negatives.sample(batch, 6)
     obj.on_epoch_start(1)
     assert obj.negatives.epoch == 1 and not torch.equal(obj.negatives.sample(batch, 6), first)
+
+
+def _exact_scores(bb, sids, history, mask) -> torch.Tensor:
+    """[B, C] every candidate's full-item log-prob S^T, each scored on its own (explicit loop)."""
+    tok = sids.cand_tokens()
+    return torch.tensor([[token_logprobs(bb.target_logits(history[i:i + 1], mask[i:i + 1], tok[c][None]),
+                                         tok[c][None]).sum().item() for c in range(sids.num_candidates)]
+                         for i in range(len(history))])
+
+
+def test_beam_are_the_models_own_best_items_other_than_the_target():
+    from genrec.eval.beam import beam_search
+
+    sids, trie, _ = case(num_items=30)
+    C = sids.num_candidates
+    bb = ToyBackbone(sids.vocab_size, seed=4)
+    s = _sampler("beam", sids)
+    history = torch.randint(3, sids.vocab_size, (6, 2), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones(6, 2, dtype=torch.bool)
+    enc = bb.encode(history, mask)
+    exact = _exact_scores(bb, sids, history, mask)
+    targets = exact.argsort(1, descending=True)[torch.arange(6), torch.arange(6) % 3]  # the model's 1st, 2nd or 3rd
+    b = _batch(targets)
+    ranked = [[c for c in exact[i].argsort(descending=True).tolist() if c != targets[i]] for i in range(6)]
+    # width C covers the catalogue (exact): every other item, best first, as brute force ranks them
+    assert s.sample(b, C - 1, bb, enc).tolist() == ranked
+    # a narrow beam: what that beam returns (width num + 1), the target left out, in the beam's order
+    beam = beam_search(bb, enc, trie, 5).cands
+    assert s.sample(b, 4, bb, enc).tolist() == [[c for c in beam[i].tolist() if c != targets[i]][:4] for i in range(6)]
+    # more negatives than other items: the beam's all, then uniform draws (never the target)
+    wide = s.sample(b, C + 5, bb, enc)
+    assert wide[:, : C - 1].tolist() == ranked and not (wide == targets[:, None]).any()
+    assert torch.equal(wide[:, C - 1:], s.uniform(b["index"], targets, C + 5)[:, C - 1:])
+
+
+def test_beam_searches_as_the_evaluator_scores():
+    """eval.score=masked (MSL/BEAR-style scoring, here at temperature 2): the negatives are that beam's items."""
+    from dataclasses import replace
+
+    from genrec.eval.beam import beam_search
+
+    sids, trie, _ = case(num_items=30)
+    bb = ToyBackbone(sids.vocab_size, seed=5)
+    history, mask = torch.full((8, 2), 3), torch.ones(8, 2, dtype=torch.bool)
+    history[:, 0] = torch.arange(8) + 3
+    enc, targets = bb.encode(history, mask), torch.full((8,), sids.num_candidates - 1)
+    got = {}
+    for score, t in [("full", 1.0), ("masked", 2.0)]:
+        s = Negatives("beam")
+        s.setup(replace(make_ctx(sids), eval_score=score, eval_temperature=t))
+        got[score] = s.sample(_batch(targets), 3, bb, enc)
+        beam = beam_search(bb, enc, trie, 4, score, t).cands
+        assert got[score].tolist() == [[c for c in beam[i].tolist() if c != targets[i]][:3] for i in range(8)]
+    assert not torch.equal(got["full"], got["masked"])  # the two scorings rank differently here

@@ -19,6 +19,7 @@ CASES = {
     "apao_pairwise_paper": {"num_negatives": 8},
     "apao_pairwise_eos_popularity": {"num_negatives": 8, "end_token": True, "negatives": {"kind": "popularity"}},
     "apao_pairwise_hard": {"num_negatives": 4, "negatives": {"kind": "hard", "pool": 12}},
+    "apao_pairwise_printed_beam": {"loss": "pairwise_printed", "num_negatives": 4, "negatives": {"kind": "beam"}},
     "apao_pairwise_printed_released": {"loss": "pairwise_printed", "weights": "released", "num_negatives": 8},
     "apao_hardmax_drop": {"loss": "pointwise", "weights": "hardmax", "drop_prefix": 1},
     "apao_bear": {"loss": "pointwise", "bear": {"lam": 0.1, "xi": 2.75, "widths": [2, 3]}},

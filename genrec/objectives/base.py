@@ -41,6 +41,8 @@ class TrainContext:
     # trainer.accumulate): what an objective sets once per micro-batch there (APAO's prefix weights: a state's
     # step, or weights from that micro-batch's losses) it sets that often here. None: no recipe counts them.
     updates_per_micro_batch: float | None = None
+    eval_score: str = "full"  # how the evaluator scores each step (the beam negatives search as it does)
+    eval_temperature: float = 1.0
 
 
 class Objective(nn.Module):

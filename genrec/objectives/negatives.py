@@ -12,6 +12,13 @@ kinds (config `negatives: {kind: ..., refresh_every: 1, alpha: 1.0, pool: 400}`)
               log-prob S^T under the current model (no grad, re-using the batch's history
               encoding): one extra teacher-forced pass over `pool` candidates per step, no beam
               search. The pool is redrawn every refresh; the scoring uses the current weights.
+  beam        the `num` best items other than the target of the model's own trie-constrained beam search
+              (width num + 1, scored as the evaluator scores: what the beam ranks against the target at
+              test time), no grad, re-using the batch's history encoding, the model in its training mode
+              (dropout on, as `hard`). Drawn anew at every step; uniform draws fill the slots of a catalogue
+              smaller than the beam. With `loss=pairwise_printed` the prefix loss is a listwise softmax
+              over the beam's own items at every prefix length. Cost: one beam search per step (width
+              num + 1): use few negatives (e.g. 20) on CPU.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from genrec.eval.beam import beam_search
 from genrec.models.base import Backbone
 
 M32 = 0xFFFFFFFF
@@ -53,7 +61,7 @@ def hash32(*keys: torch.Tensor | int, device: torch.device | str | None = None) 
 class Negatives(nn.Module):
     def __init__(self, kind: str = "uniform", refresh_every: int = 1, alpha: float = 1.0, pool: int = 400) -> None:
         super().__init__()
-        if kind not in ("uniform", "popularity", "hard"):
+        if kind not in ("uniform", "popularity", "hard", "beam"):
             raise ValueError(f"unknown negative sampler {kind!r}")
         self.kind, self.refresh_every, self.alpha, self.pool = kind, refresh_every, alpha, pool
         self.epoch = 0
@@ -68,6 +76,7 @@ class Negatives(nn.Module):
         weight = (torch.as_tensor(ctx.item_counts, dtype=torch.float64) + 1) ** self.alpha
         self.register_buffer("weight", weight, persistent=False)
         self.register_buffer("cdf", weight.cumsum(0), persistent=False)
+        self.trie, self.score, self.temperature = ctx.trie, ctx.eval_score, ctx.eval_temperature
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -100,14 +109,21 @@ class Negatives(nn.Module):
         score = backbone.prefix_logprobs(enc, tokens[..., :-1], tokens).sum(-1)
         return pool.gather(1, score.topk(num, dim=1).indices)
 
+    @torch.no_grad()
+    def beam(self, index: torch.Tensor, target: torch.Tensor, num: int, backbone: Backbone, enc: Any) -> torch.Tensor:
+        found = beam_search(backbone, enc, self.trie, num + 1, self.score, self.temperature).cands  # -1: none
+        keep = (found >= 0) & (found != target[:, None])
+        order = (~keep).to(torch.int8).sort(dim=1, stable=True).indices[:, :num]  # kept first, in beam order
+        return torch.where(keep.gather(1, order), found.gather(1, order), self.uniform(index, target, num))
+
     def sample(self, batch: dict, num: int, backbone: Backbone | None = None, enc: Any = None) -> torch.Tensor:
-        """[B, num] negative candidate ids for the batch (`hard` needs the backbone and `enc`)."""
+        """[B, num] negative candidate ids for the batch (`hard` and `beam` need the backbone and `enc`)."""
         index, target = batch["index"], batch["target_cand"]
         if self.kind == "uniform":
             return self.uniform(index, target, num)
         if self.kind == "popularity":
             return self.popularity(index, target, num)
-        return self.hard(index, target, num, backbone, enc)
+        return getattr(self, self.kind)(index, target, num, backbone, enc)
 
     def with_positive(self, batch: dict, num: int, backbone: Backbone, enc: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """(negatives [B, num], tokens [B, 1 + num, T]: the target's first, then the negatives')."""
