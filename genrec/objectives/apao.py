@@ -14,7 +14,9 @@ loss:
 weights (detached):
   paper      w on the simplex as training state (a buffer: checkpointed), uniform at start; each
              training step w_m <- w_m exp(eta L_m) / Z with this batch's L_m (averaged over
-             processes), then the updated w weights this batch's losses (as in group DRO).
+             processes), then the updated w weights this batch's losses (as in group DRO). A training
+             step is one micro-batch (Lightning's training_step): trainer.accumulate updates per
+             optimizer step, as the release's loop recomputes its weights per micro-batch.
              Under a recipe that counts its micro-batches (protocol.micro_batches, e.g. the APAO
              release's 8 x 128 per step run as 2 processes x 256 x 2), w takes the recipe's updates
              instead: every process's micro-batch is cut into equal chunks (the recipe's micro-batches),
