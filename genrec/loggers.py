@@ -1,4 +1,4 @@
-"""Experiment tracking: W&B (offline unless an API key is configured) and final-result tables.
+"""Experiment tracking: W&B (offline unless an API key is configured and the server answers) and final-result tables.
 
 Every job owns one W&B run: a sweep's jobs share a process, so a job's run is finished when the job
 ends (`close_wandb`, exit code 0 or 1) and a new logger never adopts a run left open. Runs carry a
@@ -7,18 +7,56 @@ flat config (`objective.beta`, ...) and are grouped by sweep, with job type `<da
 
 from __future__ import annotations
 
+import netrc
 import os
+import socket
+import sys
 from pathlib import Path
+from urllib.parse import urlparse
 from typing import Any
 
 from lightning.pytorch.loggers import Logger, WandbLogger
 
 
+def _host() -> tuple[str, int]:
+    """(host, port) of the W&B server (WANDB_BASE_URL, default https://api.wandb.ai)."""
+    url = urlparse(os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai")
+    return url.hostname or "api.wandb.ai", url.port or (80 if url.scheme == "http" else 443)
+
+
+def _has_key(host: str) -> bool:
+    """An API key in WANDB_API_KEY or, as `wandb login` writes it, in ~/.netrc (or $NETRC) for the host."""
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    try:
+        return netrc.netrc(os.environ.get("NETRC")).authenticators(host) is not None
+    except (OSError, netrc.NetrcParseError):
+        return False
+
+
+def _reachable(host: str, port: int, timeout: float = 3.0) -> bool:
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
 def _offline(offline: bool | None) -> bool:
-    """`None`: offline unless WANDB_API_KEY is set (or WANDB_MODE says offline/disabled)."""
-    if offline is None:
-        return os.environ.get("WANDB_MODE", "") in ("offline", "disabled") or not os.environ.get("WANDB_API_KEY")
-    return offline
+    """`None`: offline where WANDB_MODE says offline/disabled, where no API key is configured, or where the W&B
+    server does not answer (a compute node without network: one line says so, the run logs offline)."""
+    if offline is not None:
+        return offline
+    if os.environ.get("WANDB_MODE", "") in ("offline", "disabled"):
+        return True
+    host, port = _host()
+    if not _has_key(host):
+        return True
+    if not _reachable(host, port):
+        print(f"W&B: {host}:{port} does not answer: logging offline (upload later: wandb sync <run dir>/wandb/"
+              f"offline-run-*)", file=sys.stderr)
+        return True
+    return False
 
 
 def flat(d: dict, prefix: str = "") -> dict:

@@ -191,3 +191,38 @@ def test_report_logs_the_paper_table_and_plots_as_one_wandb_run(sweep, tmp_path)
     images = {k: p for k, p in run["media"].items() if k.startswith("plots/")}
     assert pngs and sorted(k[len("plots/"):] + ".png" for k in images) == pngs
     assert all(p.read_bytes()[:4] == b"\x89PNG" for p in images.values())
+
+
+def test_offline_without_a_key_or_a_server_online_with_both(tmp_path, monkeypatch, capsys):
+    """WANDB_API_KEY or `wandb login`'s ~/.netrc entry, and a server that answers: online; otherwise offline
+    (no server: one line says so) - a run on a node without network never hangs on W&B."""
+    import socket
+
+    from genrec.loggers import _offline
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    up = server.getsockname()[1]
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    down = closed.getsockname()[1]  # bound, not listening: refuses
+    for k in ("WANDB_MODE", "WANDB_API_KEY", "NETRC"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("WANDB_BASE_URL", f"http://127.0.0.1:{up}")
+    assert _offline(None) is True  # no key anywhere
+    (tmp_path / ".netrc").write_text("machine 127.0.0.1\n  login user\n  password 0123abcd\n")
+    (tmp_path / ".netrc").chmod(0o600)
+    assert _offline(None) is False  # wandb login's key, server up
+    monkeypatch.setenv("WANDB_BASE_URL", f"http://127.0.0.1:{down}")
+    capsys.readouterr()
+    assert _offline(None) is True and "does not answer: logging offline" in capsys.readouterr().err
+    (tmp_path / ".netrc").unlink()
+    monkeypatch.setenv("WANDB_API_KEY", "0123abcd")
+    monkeypatch.setenv("WANDB_BASE_URL", f"http://127.0.0.1:{up}")
+    assert _offline(None) is False
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    assert _offline(None) is True and _offline(False) is False
+    server.close()
+    closed.close()
