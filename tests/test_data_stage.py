@@ -99,14 +99,18 @@ def test_lcrec_reader(tmp_path, gz):
     inter = write(tmp_path / "Tiny.inter.json", json.dumps({"0": [0, 1, 2], "1": ["2", 3], "2": "oops"}), gz)
     write(tmp_path / "Tiny.item.json", json.dumps({
         "0": {"title": "Pen", "description": "", "brand": "Acme", "categories": "Office, Pens"},
-        "3": {"title": "Tea", "brand": 7}, "4": "junk"}), gz)
+        "3": {"title": "Tea", "brand": 7}, "4": "junk", "5": {"title": "Ink", "categories": ["Office", "Ink"]}}), gz)
     raw = lcrec.read(str(tmp_path), "Tiny")
     assert raw.users == ["0", "0", "0", "1", "1"]
     assert raw.items == ["0", "1", "2", "2", "3"]
     assert raw.times == [0.0, 1.0, 2.0, 0.0, 1.0]  # list position = time
     assert raw.meta == {"0": {"title": "Pen", "description": "", "brand": "Acme", "categories": "Office, Pens"},
-                        "3": {"title": "Tea", "brand": "7"}}
-    assert raw.report.total == 1 and str(inter) in raw.report.examples[0] and "'2'" in raw.report.examples[0]
+                        "3": {"title": "Tea", "brand": "7"},
+                        "5": {"title": "Ink", "categories": "Office, Ink"}}  # a list field: its items joined
+    # a whole-file JSON has no line to name: the user's / item's key instead
+    items = tmp_path / ("Tiny.item.json" + (".gz" if gz else ""))
+    assert raw.report.total == 2 and raw.report.examples == [f"{inter}: user '2': item list expected",
+                                                             f"{items}: item '4': metadata object expected"]
     with pytest.raises(DataError, match="dataset.strict=true"):
         lcrec.read(str(tmp_path), "Tiny", strict=True)
 

@@ -28,8 +28,9 @@ class ReadReport:
     bad: dict[str, int] = field(default_factory=dict)  # file -> number of skipped records
     examples: list[str] = field(default_factory=list)  # "file:line: reason" (first few)
 
-    def skip(self, path: Path | str, line: int, reason: str, strict: bool) -> None:
-        where = f"{path}:{line}: {reason}"
+    def skip(self, path: Path | str, line: int | None, reason: str, strict: bool) -> None:
+        """`line` None: a whole-file JSON record (the reason names its key)."""
+        where = f"{path}:{line}: {reason}" if line is not None else f"{path}: {reason}"
         if strict:
             raise DataError(f"{where} (dataset.strict=true; set it to false to skip bad records)")
         self.bad[str(path)] = self.bad.get(str(path), 0) + 1

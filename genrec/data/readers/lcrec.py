@@ -22,13 +22,25 @@ def read(root: str, name: str, strict: bool = False) -> RawData:
     users, items, times = [], [], []
     for user, seq in inter.items():
         if not isinstance(seq, list):
-            report.skip(path, 0, f"user {user!r}: item list expected", strict)
+            report.skip(path, None, f"user {user!r}: item list expected", strict)
             continue
         for pos, item in enumerate(seq):
             users.append(str(user)), items.append(str(item)), times.append(float(pos))
     meta = {}
     item_path = Path(root) / f"{name}.item.json"
     if item_path.exists() or item_path.with_name(item_path.name + ".gz").exists():
-        raw = load_json(find_file(root, f"{name}.item.json"))
-        meta = {str(k): {f: str(v) for f, v in rec.items()} for k, rec in raw.items() if isinstance(rec, dict)}
+        item_path = find_file(root, f"{name}.item.json")
+        raw = load_json(item_path)
+        if not isinstance(raw, dict):
+            raise DataError(f"{item_path}: expected an object {{item: {{title, ...}}}}, got {type(raw).__name__}")
+        for k, rec in raw.items():
+            if isinstance(rec, dict):
+                meta[str(k)] = {f: text(v) for f, v in rec.items()}
+            else:
+                report.skip(item_path, None, f"item {k!r}: metadata object expected", strict)
     return RawData(users, items, times, meta, report)
+
+
+def text(value) -> str:
+    """A metadata field as text: a list (e.g. categories) joined by ", "."""
+    return ", ".join(map(str, value)) if isinstance(value, list) else str(value)
