@@ -133,9 +133,12 @@ def test_runs_are_grouped_by_sweep_typed_by_cell_and_carry_the_flat_config(sweep
         assert run["group"] == "my_sweep"
         assert run["job_type"] == f"synthetic/tiger_tiny/{metrics['objective']}"
         assert run["tags"] == ["tiny"]  # the experiment preset
-        # Every setting its own dotted key, with the job's resolved value.
-        assert run["config"] == flat(OmegaConf.to_container(OmegaConf.load(job / "config.yaml")))
+        # Every setting its own dotted key, with the job's resolved value, and the job's command line (`command`:
+        # its overrides.yaml, which genrec.report needs to read W&B runs written by an older genrec as today's)
+        command = OmegaConf.to_container(OmegaConf.load(job / "overrides.yaml"))
+        assert run["config"] == {**flat(OmegaConf.to_container(OmegaConf.load(job / "config.yaml"))), "command": command}
         assert run["config"]["trainer.batch_size"] == 64 and "objective" not in run["config"]
+        assert f"objective={metrics['objective']}" in command
 
 
 def test_a_single_run_has_no_group_and_keeps_its_tags(sweep, tmp_path):

@@ -10,6 +10,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from genrec.report import report
 from genrec.report.page import rebuild_command
+from genrec.report.wandb_runs import resolve
 
 
 def reference(path: str | None) -> dict | None:
@@ -40,6 +41,7 @@ def main(cfg: DictConfig) -> None:
     runs = [cfg.runs] if isinstance(cfg.runs, str) else list(cfg.runs)
     try:
         paper = reference(cfg.get("paper"))
+        runs = resolve(runs, Path(cfg.out))  # wandb:<entity>/<project>[/<group>] -> run dirs under out/wandb_runs
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
