@@ -45,6 +45,10 @@ OBJECTIVES = {
     "apao-pairwise-autograd": ["objective=apao", "objective.loss=pairwise", "objective.num_negatives={N}", "{KEEP}"],
     "bear": ["objective=bear"],
     "sdpo": ["objective=sdpo", "objective.num_negatives={N}"],
+    # the listwise prefix loss over the model's own beam (width N + 1) against the same loss over uniform negatives
+    "apao-printed": ["objective=apao", "objective.loss=pairwise_printed", "objective.num_negatives={N}"],
+    "apao-printed-beam": ["objective=apao", "objective.loss=pairwise_printed", "objective.negatives.kind=beam",
+                          "objective.num_negatives={N}"],
 }
 TARGETS = {  # (objective, bound, reference)
     "apao-pointwise <= 1.05x ce": ("apao-pointwise", 1.05, "ce"),
@@ -104,7 +108,7 @@ def main() -> None:
     p.add_argument("--batches", type=int, default=3, help="timed batches per objective (after a warm-up step)")
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--objectives", nargs="+", default=list(OBJECTIVES), choices=list(OBJECTIVES))
-    p.add_argument("--negatives", type=int, default=100, help="N for apao-pairwise and sdpo")
+    p.add_argument("--negatives", type=int, default=100, help="N for apao-pairwise, apao-printed(-beam) and sdpo")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1: per-core numbers)")
     p.add_argument("--min-seconds", type=float, default=20.0,
                    help="repeat the batches within a process until this much time has passed; each batch's best counts")
