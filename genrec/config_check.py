@@ -21,7 +21,7 @@ from typing import Any, Callable, Sequence
 
 from hydra.experimental.callback import Callback
 from hydra.utils import get_class, get_method
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
 from genrec.data.readers.common import is_reader
 from genrec.eval.metrics import lower_is_better
@@ -288,8 +288,20 @@ def _show(v: Any) -> str:
     return "null" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
 
 
+def evaluate_keys(cfg: DictConfig) -> DictConfig:
+    """genrec.evaluate's config (it has `ckpt`) with only the `eval.*` keys its command sets: a null one is the
+    run's own (checked again once merged with the run's). Any other config as it is."""
+    if "ckpt" not in cfg.keys() or not isinstance(cfg.get("eval"), DictConfig):  # (a `???` ckpt is not `in` cfg)
+        return cfg
+    out = cfg.copy()
+    with open_dict(out):
+        out.eval = {k: v for k, v in cfg.eval.items() if v is not None}
+    return out
+
+
 def errors(cfg: DictConfig) -> list[str]:
     """Every bad value as `key=value: what is allowed`, table order."""
+    cfg = evaluate_keys(cfg)
     out = []
     for key, (ok, allowed) in CHECKS.items():
         value = _get(cfg, key)

@@ -25,7 +25,7 @@ import lightning as L
 import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from genrec.config_check import ConfigError, check, exit_if_invalid
+from genrec.config_check import ConfigError, check, evaluate_keys, exit_if_invalid
 from genrec.data.datamodule import SeqDataModule
 from genrec.data.readers.common import DataError
 from genrec.eval.module import EvalModule
@@ -45,16 +45,12 @@ def locate(ckpt: str) -> tuple[Path, Path]:
     return run_dir, path
 
 
-def with_eval(cfg: DictConfig, eval_cfg: dict | DictConfig) -> DictConfig:
+def with_eval(cfg: DictConfig, eval_cfg: DictConfig) -> DictConfig:
+    """`cfg` with its `eval` replaced (this command's other keys kept: split, batch_size, accelerator)."""
     out = cfg.copy()
     with open_dict(out):
         out.eval = eval_cfg
     return out
-
-
-def given(cfg: DictConfig) -> DictConfig:
-    """`cfg` with only the `eval.*` keys this command sets (null: the run's own)."""
-    return with_eval(cfg, {k: v for k, v in cfg.eval.items() if v is not None})
 
 
 def evaluate(cfg: DictConfig) -> dict:
@@ -62,7 +58,7 @@ def evaluate(cfg: DictConfig) -> dict:
     run_cfg = run_config(run_dir / "config.yaml")
     own = {"score": run_cfg.eval.get("score", "full"), "temperature": run_cfg.eval.get("temperature", 1.0)}
     with open_dict(run_cfg):  # (runs from before eval.score scored `full` at temperature 1)
-        run_cfg.eval = OmegaConf.merge(own, run_cfg.eval, given(cfg).eval)
+        run_cfg.eval = OmegaConf.merge(own, run_cfg.eval, evaluate_keys(cfg).eval)
         run_cfg.data_dir = cfg.data_dir
     check(with_eval(cfg, run_cfg.eval))  # e.g. eval.ks beyond the run's beam
     data = prepare(run_cfg, log=lambda m: print(m, file=sys.stderr))
@@ -90,7 +86,7 @@ def evaluate(cfg: DictConfig) -> dict:
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="evaluate")
 def main(cfg: DictConfig) -> None:
-    exit_if_invalid(given(cfg), trainer=True)  # this command's values, before the run is read
+    exit_if_invalid(cfg, trainer=True)  # this command's values (a null eval key: the run's), before the run is read
     try:
         result = evaluate(cfg)
     except (DataError, ConfigError) as e:  # a missing run; an eval key that does not fit the run's (eval.ks > beam)

@@ -15,7 +15,6 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from genrec.config_check import errors
-from genrec.evaluate import given
 
 ROOT = Path(__file__).parents[1]
 CONFIG = {"genrec.train": "config", "genrec.prepare": "config", "genrec.download": "config",
@@ -53,5 +52,4 @@ def test_readme_command_composes_and_passes_the_config_check(module, args):
         assert jobs
         for job in jobs:
             cfg = compose(CONFIG[module], overrides=list(job))
-            cfg = given(cfg) if module == "genrec.evaluate" else cfg
             assert errors(cfg) == [], (job, errors(cfg))

@@ -159,6 +159,18 @@ def test_evaluate_without_eval_keys_evaluates_as_the_run_did(tmp_path):
     assert preset["beam"] == 10 and "test/recall@10" in preset and "test/recall@2" not in preset
 
 
+def test_evaluate_sweep_over_beams_runs_every_job(tmp_path):
+    """The README's `genrec.evaluate -m ... eval.beam=...` (the sweep's config check sees the null eval keys that mean
+    the run's own, not bad values)."""
+    run(config(tmp_path, "trainer.max_epochs=1"))
+    out = subprocess.run([sys.executable, "-m", "genrec.evaluate", "-m", f"ckpt={tmp_path}/run", "eval.beam=5,7",
+                          f"data_dir={tmp_path.parent}/data", f"hydra.sweep.dir={tmp_path}/sweep"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert sorted(p.name for p in (tmp_path / "run" / "eval").glob("*.json")) == ["test-beam5.json", "test-beam7.json"]
+    assert "test/recall@1" in json.loads((tmp_path / "run" / "eval" / "test-beam7.json").read_text())  # the run's ks
+
+
 def test_evaluating_another_checkpoint_of_a_run_keeps_the_selected_ones_file(tmp_path):
     """eval/<split>-beam<K>.json is the run's selected checkpoint's (the report reads it as the run's); another
     checkpoint of the run (last.ckpt) gets its own file, named after it."""
