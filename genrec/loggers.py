@@ -7,10 +7,10 @@ flat config (`objective.beta`, ...) and are grouped by sweep, with job type `<da
 
 from __future__ import annotations
 
-import netrc
 import os
 import socket
 import sys
+import threading
 from pathlib import Path
 from urllib.parse import urlparse
 from typing import Any
@@ -25,21 +25,39 @@ def _host() -> tuple[str, int]:
 
 
 def _has_key(host: str) -> bool:
-    """An API key in WANDB_API_KEY or, as `wandb login` writes it, in ~/.netrc (or $NETRC) for the host."""
+    """An API key in WANDB_API_KEY or, as `wandb login` writes it, in ~/.netrc (or $NETRC) for the host. The file
+    is read as text: Python's netrc refuses a group-readable file that W&B itself reads."""
     if os.environ.get("WANDB_API_KEY"):
         return True
     try:
-        return netrc.netrc(os.environ.get("NETRC")).authenticators(host) is not None
-    except (OSError, netrc.NetrcParseError):
-        return False
-
-
-def _reachable(host: str, port: int, timeout: float = 3.0) -> bool:
-    try:
-        socket.create_connection((host, port), timeout=timeout).close()
-        return True
+        words = Path(os.environ.get("NETRC") or Path.home() / ".netrc").read_text().split()
     except OSError:
         return False
+    entries = " ".join(words).split("machine ")
+    return any(e.split()[:1] == [host] and "password" in e.split() for e in entries)
+
+
+PROBE_SECONDS = 3.0
+
+
+def _reachable(host: str, port: int) -> bool:
+    """The server accepts a connection within PROBE_SECONDS, name lookup included (a thread: getaddrinfo has no
+    timeout of its own). Behind a proxy (HTTPS_PROXY, ...) W&B connects through it: assumed reachable."""
+    if any(os.environ.get(k) for k in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY")):
+        return True
+    answered: list[bool] = []
+
+    def connect() -> None:
+        try:
+            socket.create_connection((host, port), timeout=PROBE_SECONDS).close()
+            answered.append(True)
+        except OSError:
+            pass
+
+    probe = threading.Thread(target=connect, daemon=True)
+    probe.start()
+    probe.join(PROBE_SECONDS)
+    return bool(answered)
 
 
 def _offline(offline: bool | None) -> bool:
@@ -53,8 +71,8 @@ def _offline(offline: bool | None) -> bool:
     if not _has_key(host):
         return True
     if not _reachable(host, port):
-        print(f"W&B: {host}:{port} does not answer: logging offline (upload later: wandb sync <run dir>/wandb/"
-              f"offline-run-*)", file=sys.stderr)
+        print(f"W&B: {host}:{port} did not answer within {PROBE_SECONDS:g} s: logging offline (upload later: "
+              f"wandb sync <run dir>/wandb/offline-run-*)", file=sys.stderr)
         return True
     return False
 

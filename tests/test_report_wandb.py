@@ -16,7 +16,7 @@ import yaml
 
 from genrec import report as rep
 from genrec.loggers import flat
-from genrec.report.wandb_runs import resolve, unflatten
+from genrec.report.wandb_runs import resolve, run_group, unflatten
 
 ROOT = Path(__file__).parents[1]
 RUNS = ROOT / "docs" / "results" / "runs" / "office_cpu"
@@ -41,8 +41,9 @@ def as_wandb(run_dir: Path, state: str = "finished", group: str = "sweep-1") -> 
     summary = the scalar final metrics (+ W&B's _step / _runtime, a logged table)."""
     cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
     metrics = json.loads((run_dir / "metrics.json").read_text())
-    summary = {k: v for k, v in metrics.items() if isinstance(v, (int, float))} | {"_step": 9, "_runtime": 1.5,
-                                                                                  "final_metrics": {"_type": "table-file"}}
+    summary = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}  # genrec.loggers.log_final
+    summary |= {"_step": 9, "_runtime": 1.5, "final_metrics": {"_type": "table-file"},  # W&B's own, a table
+                "epoch": 41, "train/loss": 1.7, "lr-AdamW": 1e-6, "trainer/global_step": 2000}  # Lightning's last
     command = yaml.safe_load((run_dir / "overrides.yaml").read_text())
     return SimpleNamespace(id=run_dir.name, config={**flat(cfg), "command": command, "_wandb": {"cli_version": "0.2"}},
                            summary_metrics=summary, state=state, job_type="apao_office/tiger/x", group=group)
@@ -74,6 +75,11 @@ def test_report_from_a_wandb_project_matches_the_run_dirs(tmp_path):
     runs = resolve(["wandb:me/genrec/other"], tmp_path / "wb2", api)
     assert api.calls[-1] == ("me/genrec", {"group": "other"})
     assert [p.name for p in Path(runs[0]).iterdir()] == [ROWS[0]]
+
+
+def test_the_report_run_joins_the_sources_group():
+    assert run_group("wandb:me/genrec/sweep-1") == "sweep-1" and run_group("wandb:me/genrec") is None
+    assert run_group("multirun/2026-12-06_10-00-00") == "2026-12-06_10-00-00"
 
 
 def test_a_bad_wandb_source_is_one_line(tmp_path):

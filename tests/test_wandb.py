@@ -215,12 +215,13 @@ def test_offline_without_a_key_or_a_server_online_with_both(tmp_path, monkeypatc
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.setenv("WANDB_BASE_URL", f"http://127.0.0.1:{up}")
     assert _offline(None) is True  # no key anywhere
-    (tmp_path / ".netrc").write_text("machine 127.0.0.1\n  login user\n  password 0123abcd\n")
-    (tmp_path / ".netrc").chmod(0o600)
+    (tmp_path / ".netrc").write_text("machine example.org login me password x\nmachine 127.0.0.1\n  login user\n"
+                                     "  password 0123abcd\n")
+    (tmp_path / ".netrc").chmod(0o640)  # group-readable: Python's netrc module refuses it, W&B reads it
     assert _offline(None) is False  # wandb login's key, server up
     monkeypatch.setenv("WANDB_BASE_URL", f"http://127.0.0.1:{down}")
     capsys.readouterr()
-    assert _offline(None) is True and "does not answer: logging offline" in capsys.readouterr().err
+    assert _offline(None) is True and "did not answer within 3 s: logging offline" in capsys.readouterr().err
     (tmp_path / ".netrc").unlink()
     monkeypatch.setenv("WANDB_API_KEY", "0123abcd")
     monkeypatch.setenv("WANDB_BASE_URL", f"http://127.0.0.1:{up}")
@@ -229,3 +230,26 @@ def test_offline_without_a_key_or_a_server_online_with_both(tmp_path, monkeypatc
     assert _offline(None) is True and _offline(False) is False
     server.close()
     closed.close()
+
+
+def test_a_server_that_never_answers_costs_the_probe_time_not_a_hang(monkeypatch):
+    """Name lookup or connect hanging (a node without network): offline after PROBE_SECONDS; behind a proxy W&B
+    connects through it, so no probe."""
+    import socket
+    import time
+
+    from genrec import loggers
+
+    def hang(*args, **kwargs):
+        time.sleep(30)
+
+    for k in ("WANDB_MODE", "HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("WANDB_API_KEY", "0123abcd")
+    monkeypatch.setenv("WANDB_BASE_URL", "https://wandb.example.invalid")
+    monkeypatch.setattr(socket, "create_connection", hang)
+    monkeypatch.setattr(loggers, "PROBE_SECONDS", 0.5)
+    start = time.monotonic()
+    assert loggers._offline(None) is True and time.monotonic() - start < 2
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.example.invalid:3128")
+    assert loggers._offline(None) is False

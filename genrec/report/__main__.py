@@ -10,7 +10,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from genrec.report import report
 from genrec.report.page import rebuild_command
-from genrec.report.wandb_runs import resolve
+from genrec.report.wandb_runs import resolve, run_group
 
 
 def reference(path: str | None) -> dict | None:
@@ -41,7 +41,7 @@ def main(cfg: DictConfig) -> None:
     runs = [cfg.runs] if isinstance(cfg.runs, str) else list(cfg.runs)
     try:
         paper = reference(cfg.get("paper"))
-        runs = resolve(runs, Path(cfg.out))  # wandb:<entity>/<project>[/<group>] -> run dirs under out/wandb_runs
+        sources, runs = runs, resolve(runs, Path(cfg.out))  # wandb:<entity>/<project>[/<group>] -> run dirs
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
@@ -58,7 +58,7 @@ def main(cfg: DictConfig) -> None:
     if cfg.wandb:
         from genrec.loggers import log_report
 
-        group = Path(runs[0]).name if len(runs) == 1 else None  # one sweep: the report joins its runs' group
+        group = run_group(sources[0]) if len(sources) == 1 else None  # one sweep: the report joins its runs' group
         print(f"W&B run: {log_report(Path(cfg.out), s, cfg.wandb_project, group)} (offline: `wandb sync` it)")
 
 

@@ -1,11 +1,12 @@
 """Runs from a W&B project: `python -m genrec.report runs=[wandb:<entity>/<project>[/<group>]]`.
 
 Each training run of the project (of the group: a `-m` sweep's dir name) is written as a run dir,
-`<out>/wandb_runs/<run id>/` with config.yaml (the flat config genrec logs, `objective.beta`, ..., nested
-again), overrides.yaml (its command line, logged as `command`: older runs' configs are completed with the keys
-added since, as for run dirs) and metrics.json (its final metrics: the summary values) or failed.json (a failed or crashed run;
-a running one has neither), which the report then reads like any other run dir. What only run dirs hold,
-per-user ranks (paired tests), re-evaluations (pruning rates) and validation curves, is not on W&B.
+`<out>/wandb_runs/<i>/<run id>/` (i: the source's place in `runs`): config.yaml (the flat config genrec
+logs, `objective.beta`, ..., nested again), overrides.yaml (its command line, logged as `command`: an older
+run's config is completed with the keys added since, as a run dir's is) and metrics.json (its summary's
+numbers: the final metrics, beside the last logged values) or failed.json (a failed or crashed run; a running
+one has neither). The report then reads them like any other run dir. What only run dirs hold, per-user ranks
+(paired tests), re-evaluations (pruning rates) and validation curves, is not on W&B.
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ def fetch(source: str, dest: Path, api: Any = None) -> Path:
     shutil.rmtree(dest, ignore_errors=True)
     for run in runs:
         cfg = unflatten({k: v for k, v in run.config.items() if not k.startswith("_")})
-        if run.job_type == "report" or not all(isinstance(cfg.get(k), dict) for k in ("dataset", "backbone", "objective")):
+        if run.job_type == "report" or not all(isinstance(cfg.get(k), dict) for k in ("dataset", "backbone",
+                                                                                     "objective")):
             continue  # genrec.report's own runs, other code's runs
         d = dest / run.id
         d.mkdir(parents=True)
@@ -65,6 +67,14 @@ def fetch(source: str, dest: Path, api: Any = None) -> Path:
         elif run.state in FAILED:
             write_json(d / "failed.json", {"error": f"W&B run {run.id}: {run.state}"})
     return dest
+
+
+def run_group(source: str) -> str | None:
+    """The W&B group of a runs= entry: a sweep dir's name, or a wandb: source's group (None: a whole project)."""
+    if source.startswith(PREFIX):
+        parts = source[len(PREFIX):].strip("/").split("/")
+        return parts[2] if len(parts) == 3 else None
+    return Path(source).name
 
 
 def resolve(runs: list[str], out: Path, api: Any = None) -> list[str]:
