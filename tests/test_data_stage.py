@@ -113,6 +113,9 @@ def test_lcrec_reader(tmp_path, gz):
                                                              f"{items}: item '4': metadata object expected"]
     with pytest.raises(DataError, match="dataset.strict=true"):
         lcrec.read(str(tmp_path), "Tiny", strict=True)
+    write(tmp_path / "Tiny.inter.json", json.dumps({"0": [0, 1, 2]}), gz)  # inter.json clean: item.json's turn
+    with pytest.raises(DataError, match=r"item '4': metadata object expected \(dataset.strict=true"):
+        lcrec.read(str(tmp_path), "Tiny", strict=True)
 
 
 def test_lcrec_reader_bad_files(tmp_path):
@@ -123,6 +126,10 @@ def test_lcrec_reader_bad_files(tmp_path):
         lcrec.read(str(tmp_path), "Tiny")
     write(tmp_path / "Tiny.inter.json", "[[1, 2]]")
     with pytest.raises(DataError, match="expected an object"):
+        lcrec.read(str(tmp_path), "Tiny")
+    write(tmp_path / "Tiny.inter.json", '{"0": [1, 2]}')
+    items = write(tmp_path / "Tiny.item.json", '[{"title": "Pen"}]')
+    with pytest.raises(DataError, match=f"{items}: expected an object {{item: {{title, ...}}}}, got list"):
         lcrec.read(str(tmp_path), "Tiny")
 
 

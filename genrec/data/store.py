@@ -27,7 +27,7 @@ from genrec.data.readers.common import recording_inputs
 from genrec.runs import write_text
 
 # Bump a stage's version when its output format or semantics change: old entries are ignored.
-STAGE_VERSIONS = {"sequences": 1, "embeddings": 1, "sids": 1}
+STAGE_VERSIONS = {"sequences": 2, "embeddings": 1, "sids": 1}  # sequences 2: LC-Rec list fields as "a, b" text
 
 
 def config_hash(stage: str, config: dict) -> str:
