@@ -216,9 +216,10 @@ def train(cfg: DictConfig, start: float, resume_dir: Path | None, objective_name
         if resume_from:
             print(f"resume: continuing {run_dir} after epoch {epoch} (checkpoints/last.ckpt)", flush=True)
         keep_logged_rows(trainer.logger, epoch)
-        command = run_dir / "overrides.yaml"  # the run's command line: W&B keeps it beside the config
-        trainer.logger.log_hyperparams({**OmegaConf.to_container(cfg, resolve=True),
-                                        **({"command": OmegaConf.to_container(OmegaConf.load(command))} if command.exists() else {})})
+        hparams = OmegaConf.to_container(cfg, resolve=True)
+        if (command := run_dir / "overrides.yaml").exists():  # the run's command line: W&B keeps it beside the config
+            hparams["command"] = OmegaConf.to_container(OmegaConf.load(command))
+        trainer.logger.log_hyperparams(hparams)
     trainer.fit(module, dm, ckpt_path=str(resume_from) if resume_from else None)
     history = list(module.history)
     ckpt = next(c for c in trainer.callbacks if isinstance(c, Checkpoints))

@@ -162,6 +162,10 @@ def test_beam_are_the_models_own_best_items_other_than_the_target():
     # a narrow beam: what that beam returns (width num + 1), the target left out, in the beam's order
     beam = beam_search(bb, enc, trie, 5).cands
     assert s.sample(b, 4, bb, enc).tolist() == [[c for c in beam[i].tolist() if c != targets[i]][:4] for i in range(6)]
+    # a target the beam never keeps (the model's worst item): the beam's first num items, in order
+    worst = exact.argmin(1)
+    assert not (beam == worst[:, None]).any()
+    assert s.sample(_batch(worst), 4, bb, enc).tolist() == beam[:, :4].tolist()
     # more negatives than other items: the beam's all, then uniform draws (never the target)
     wide = s.sample(b, C + 5, bb, enc)
     assert wide[:, : C - 1].tolist() == ranked and not (wide == targets[:, None]).any()

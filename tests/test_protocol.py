@@ -513,7 +513,6 @@ def test_objective_beam_is_the_eval_beam_in_the_saved_config(objective, key):
     assert OmegaConf.select(OmegaConf.create(OmegaConf.to_container(wide.objective, resolve=True)), key) == 50
 
 
-
 def test_bear_table_sweeps_the_papers_four_rows():
     """experiment=bear_table trains CE, BEAR, S-DPO and S-DPO+BEAR (the BEAR paper's table), each labelled so."""
     from genrec.report.load import objective_label

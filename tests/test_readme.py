@@ -1,6 +1,6 @@
-"""Every genrec command the README shows composes and passes the config check, each job of a `-m` grid
-included: a command copied from the README never fails on its config (placeholders such as `<run dir>`
-are filled with a path)."""
+"""Every `python -m genrec.<x>` line of the README's bash blocks composes and passes the config check, each job
+of a `-m` grid included: such a command copied from the README never fails on its config (placeholders such as
+`<run dir>` are filled with a path). Commands inside prose or behind a launcher (`srun ...`) are not read."""
 
 from __future__ import annotations
 

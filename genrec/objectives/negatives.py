@@ -12,13 +12,14 @@ kinds (config `negatives: {kind: ..., refresh_every: 1, alpha: 1.0, pool: 400}`)
               log-prob S^T under the current model (no grad, re-using the batch's history
               encoding): one extra teacher-forced pass over `pool` candidates per step, no beam
               search. The pool is redrawn every refresh; the scoring uses the current weights.
-  beam        the `num` best items other than the target of the model's own trie-constrained beam search
-              (width num + 1, scored as the evaluator scores: what the beam ranks against the target at
-              test time), no grad, re-using the batch's history encoding, the model in its training mode
-              (dropout on, as `hard`). Drawn anew at every step; uniform draws fill the slots of a catalogue
-              smaller than the beam. With `loss=pairwise_printed` the prefix loss is a listwise softmax
-              over the beam's own items at every prefix length. Cost: one beam search per step (width
-              num + 1): use few negatives (e.g. 20) on CPU.
+  beam        the `num` best items other than the target of the model's own trie-constrained beam
+              search (width num + 1, scored as the evaluator scores), no grad, re-using the batch's
+              history encoding: the items the beam keeps against the target, searched with the model
+              in its training mode (dropout on, as `hard`), so close to but not exactly the test-time
+              beam. Drawn anew at every step; uniform draws fill the slots of a catalogue smaller than
+              the beam. With `loss=pairwise_printed` the prefix loss is a listwise softmax over the
+              beam's own items at every prefix length. Cost: one beam search per step (width num + 1):
+              N = 20 costs ~0.9 CE steps more than 20 uniform negatives (benchmarks/objectives.py).
 """
 
 from __future__ import annotations
@@ -123,7 +124,8 @@ class Negatives(nn.Module):
             return self.uniform(index, target, num)
         if self.kind == "popularity":
             return self.popularity(index, target, num)
-        return getattr(self, self.kind)(index, target, num, backbone, enc)
+        by_model = self.hard if self.kind == "hard" else self.beam
+        return by_model(index, target, num, backbone, enc)
 
     def with_positive(self, batch: dict, num: int, backbone: Backbone, enc: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """(negatives [B, num], tokens [B, 1 + num, T]: the target's first, then the negatives')."""

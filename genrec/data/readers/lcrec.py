@@ -41,6 +41,6 @@ def read(root: str, name: str, strict: bool = False) -> RawData:
     return RawData(users, items, times, meta, report)
 
 
-def text(value) -> str:
+def text(value: object) -> str:
     """A metadata field as text: a list (e.g. categories) joined by ", "."""
     return ", ".join(map(str, value)) if isinstance(value, list) else str(value)
