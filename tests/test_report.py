@@ -487,3 +487,12 @@ def test_full_rank_reevaluation_supplies_the_metrics_a_run_lacks(tmp_path):
                     ("APAO-pointwise", "pruning_rate@5"): 0.2, ("APAO-pointwise", "pruning_rate@10"): 0.3,
                     ("APAO-pointwise", "pruning_rate@20"): None}
     assert "pruning_rate_office_tiger.png" in s["files"]
+
+
+def test_a_metric_the_runs_never_logged_is_named_in_the_notes(tmp_path):
+    """Finished runs evaluated at other ks (e.g. experiment=tiny's [1, 5]) give "—" cells: the notes say why."""
+    m = fake_metrics("beauty", "tiger", "ce", 1)
+    write_run(tmp_path / "a", "beauty", "tiger", OBJECTIVES["ce"], 1, {k: v for k, v in m.items() if "@20" not in k})
+    s = rep.report([tmp_path], tmp_path / "out", ["recall@10", "recall@20"])
+    assert {c["metric"]: c["text"] for c in s["cells"]}["recall@20"] == "—"
+    assert "beauty/tiger/CE: its 1 finished run(s) log no test/recall@20 (eval.ks [5, 10, 20])" in s["notes"]

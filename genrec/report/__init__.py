@@ -70,6 +70,10 @@ def report(runs: Sequence[str | Path], out: str | Path, metrics: Sequence[str] =
     for (d, b, lab), v in sorted(chosen.items()):
         notes += [f"{r.status}: {d}/{b}/{lab} seed {r.seed}: {r.path}" + (f" ({r.error})" if r.error else "")
                   for r in v.pending]
+        if lacking := [f"{split}/{m}" for m in metrics if v.runs and not any(
+                isinstance(r.values.get(f"{split}/{m}"), (int, float)) for r in v.runs)]:  # a "—" cell with runs
+            notes.append(f"{d}/{b}/{lab}: its {len(v.runs)} finished run(s) log no {', '.join(lacking)} "
+                         f"(eval.ks {v.runs[0].cfg.get('eval', {}).get('ks')})")
         tried = [x for x in groups[(d, b, lab)] if x.runs]
         if len(tried) > 1 and v.runs:
             picked = ", ".join(f"{k}={v.flat.get(k)}" for k in varying(tried))
