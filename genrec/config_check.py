@@ -288,15 +288,20 @@ def _show(v: Any) -> str:
     return "null" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
 
 
+def with_eval(cfg: DictConfig, eval_cfg: dict | DictConfig) -> DictConfig:
+    """A copy of `cfg` with its `eval` replaced (the other keys kept)."""
+    out = cfg.copy()
+    with open_dict(out):
+        out.eval = eval_cfg
+    return out
+
+
 def evaluate_keys(cfg: DictConfig) -> DictConfig:
     """genrec.evaluate's config (it has `ckpt`) with only the `eval.*` keys its command sets: a null one is the
     run's own (checked again once merged with the run's). Any other config as it is."""
     if "ckpt" not in cfg.keys() or not isinstance(cfg.get("eval"), DictConfig):  # (a `???` ckpt is not `in` cfg)
         return cfg
-    out = cfg.copy()
-    with open_dict(out):
-        out.eval = {k: v for k, v in cfg.eval.items() if v is not None}
-    return out
+    return with_eval(cfg, {k: v for k, v in cfg.eval.items() if v is not None})
 
 
 def errors(cfg: DictConfig) -> list[str]:

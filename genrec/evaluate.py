@@ -25,7 +25,7 @@ import lightning as L
 import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from genrec.config_check import ConfigError, check, evaluate_keys, exit_if_invalid
+from genrec.config_check import ConfigError, check, evaluate_keys, exit_if_invalid, with_eval
 from genrec.data.datamodule import SeqDataModule
 from genrec.data.readers.common import DataError
 from genrec.eval.module import EvalModule
@@ -43,14 +43,6 @@ def locate(ckpt: str) -> tuple[Path, Path]:
     if not (run_dir / "config.yaml").exists():
         raise DataError(f"ckpt={ckpt}: {run_dir / 'config.yaml'} is missing (not a genrec run dir?)")
     return run_dir, path
-
-
-def with_eval(cfg: DictConfig, eval_cfg: DictConfig) -> DictConfig:
-    """`cfg` with its `eval` replaced (this command's other keys kept: split, batch_size, accelerator)."""
-    out = cfg.copy()
-    with open_dict(out):
-        out.eval = eval_cfg
-    return out
 
 
 def evaluate(cfg: DictConfig) -> dict:

@@ -70,8 +70,9 @@ def report(runs: Sequence[str | Path], out: str | Path, metrics: Sequence[str] =
     for (d, b, lab), v in sorted(chosen.items()):
         notes += [f"{r.status}: {d}/{b}/{lab} seed {r.seed}: {r.path}" + (f" ({r.error})" if r.error else "")
                   for r in v.pending]
-        if lacking := [f"{split}/{m}" for m in metrics if v.runs and not any(
-                isinstance(r.values.get(f"{split}/{m}"), (int, float)) for r in v.runs)]:  # a "—" cell with runs
+        lacking = [f"{split}/{m}" for m in metrics
+                   if not any(isinstance(r.values.get(f"{split}/{m}"), (int, float)) for r in v.runs)]
+        if v.runs and lacking:  # "—" cells beside finished runs
             notes.append(f"{d}/{b}/{lab}: its {len(v.runs)} finished run(s) log no {', '.join(lacking)} "
                          f"(eval.ks {v.runs[0].cfg.get('eval', {}).get('ks')})")
         tried = [x for x in groups[(d, b, lab)] if x.runs]

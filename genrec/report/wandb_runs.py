@@ -35,18 +35,24 @@ def unflatten(flat: dict[str, Any]) -> dict:
     return out
 
 
+def parts(source: str) -> list[str]:
+    """[entity, project(, group)] of a wandb: source; ValueError when it is not one."""
+    found = source[len(PREFIX):].strip("/").split("/")
+    if len(found) not in (2, 3) or not all(found):
+        raise ValueError(f"runs={source}: expected wandb:<entity>/<project>[/<group>]")
+    return found
+
+
 def fetch(source: str, dest: Path, api: Any = None) -> Path:
     """The training runs of `source` (wandb:<entity>/<project>[/<group>]) as run dirs under `dest` (replaced);
     returns `dest`. ValueError for a malformed source; `api`: a `wandb.Api()` (tests pass their own)."""
-    parts = source[len(PREFIX):].strip("/").split("/")
-    if len(parts) not in (2, 3) or not all(parts):
-        raise ValueError(f"runs={source}: expected wandb:<entity>/<project>[/<group>]")
+    where = parts(source)
     try:
         if api is None:
             import wandb
 
             api = wandb.Api()
-        runs = list(api.runs("/".join(parts[:2]), filters={"group": parts[2]} if len(parts) == 3 else None))
+        runs = list(api.runs("/".join(where[:2]), filters={"group": where[2]} if len(where) == 3 else None))
     except Exception as e:  # no key, no network, no such project: W&B's own message
         raise ValueError(f"runs={source}: W&B: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from e
     shutil.rmtree(dest, ignore_errors=True)
@@ -72,8 +78,8 @@ def fetch(source: str, dest: Path, api: Any = None) -> Path:
 def run_group(source: str) -> str | None:
     """The W&B group of a runs= entry: a sweep dir's name, or a wandb: source's group (None: a whole project)."""
     if source.startswith(PREFIX):
-        parts = source[len(PREFIX):].strip("/").split("/")
-        return parts[2] if len(parts) == 3 else None
+        where = parts(source)
+        return where[2] if len(where) == 3 else None
     return Path(source).name
 
 
