@@ -3,7 +3,8 @@
 
 `CHECKS` maps a dotted key to what it allows; a key is checked only where the config has it
 (groups differ: `objective.loss` exists for APAO only, `split` for `genrec.evaluate` only).
-Adding a key is one line. `CROSS` holds the checks that relate two keys. A `-m` sweep checks
+Adding a key is one line. `CROSS` holds the checks that relate two keys. A key that conf/ sets only to true / false
+must be a boolean wherever it appears (`switch_names`). `REPORT_CHECKS`: genrec.report's keys. A `-m` sweep checks
 every job's config before the first one runs (`SweepCheck`, registered in `hydra.callbacks`).
 `python -m genrec.config_check <overrides> [-- <overrides> ...]` checks genrec.train command lines without
 running them (one `ok` or `error:` line each).
@@ -16,9 +17,11 @@ import inspect
 import re
 import shutil
 import sys
+from functools import cache
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+import yaml
 from hydra.experimental.callback import Callback
 from hydra.utils import get_class, get_method
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
@@ -58,6 +61,11 @@ def or_null(check: tuple[Check, str]) -> tuple[Check, str]:
     return lambda v: v is None or check[0](v), f"{check[1]}, or null"
 
 
+def integers(lo: int = 1) -> tuple[Check, str]:
+    ok = integer(lo)[0]
+    return lambda v: isinstance(v, list) and bool(v) and all(map(ok, v)), f"a non-empty list of integers >= {lo}"
+
+
 def share_or_count() -> tuple[Check, str]:  # Lightning's limit_*_batches
     count, share = integer(0)[0], number(ge=0, le=1)[0]
     return lambda v: count(v) or isinstance(v, float) and share(v), "a share in [0.0, 1.0] or a number of batches"
@@ -67,6 +75,8 @@ POSITIVE, POSITIVE_NUMBER = integer(1), number(gt=0)
 BOOL: tuple[Check, str] = (lambda v: isinstance(v, bool), "true or false")
 CHECKS: dict[str, tuple[Check, str]] = {
     "seed": integer(0),
+    "resume": (lambda v: isinstance(v, bool) or isinstance(v, str) and bool(v), "true, false or a run dir"),
+    "logger.log_model": (lambda v: isinstance(v, bool) or v == "all", "true, false or all (W&B: every checkpoint)"),
     "dataset.kcore": integer(1),
     "dataset.split": one_of("loo", "sliding"),
     "dataset.max_history": POSITIVE,
@@ -84,6 +94,7 @@ CHECKS: dict[str, tuple[Check, str]] = {
     "backbone.num_kv_heads": POSITIVE,
     "backbone.intermediate_size": POSITIVE,
     "backbone.dropout": number(ge=0, lt=1),
+    "backbone.feed_forward_proj": one_of("relu"),  # TIGER: T5 v1.0's only
     "backbone.memory": one_of("manual", "checkpoint", "none"),  # Llama: checkpoint | none
     "backbone.memory_users": or_null(POSITIVE),
     "backbone.memory_under_autocast": or_null(BOOL),
@@ -106,6 +117,8 @@ CHECKS: dict[str, tuple[Check, str]] = {
     "objective.bear.lam": number(ge=0),
     "objective.bear.xi": POSITIVE_NUMBER,
     "objective.bear.beam": or_null(POSITIVE),
+    "objective.widths": or_null(integers(1)),
+    "objective.bear.widths": or_null(integers(1)),
     "eval.beam": POSITIVE,
     "eval.chunk": POSITIVE,
     "eval.score": or_null(one_of("full", "masked")),  # null: the run's own (genrec.evaluate)
@@ -133,6 +146,8 @@ CHECKS: dict[str, tuple[Check, str]] = {
     "optim.lr": POSITIVE_NUMBER,
     "optim.weight_decay": number(ge=0),
     "optim.eps": POSITIVE_NUMBER,
+    "optim.betas": (lambda v: isinstance(v, list) and len(v) == 2 and all(number(ge=0, lt=1)[0](b) for b in v),
+                    "two numbers in [0, 1)"),
     "optim.warmup": number(ge=0, lt=1),
     "optim.min_lr_ratio": number(ge=0, le=1),
     "optim.cooldown": number(gt=0, le=1),
@@ -176,6 +191,15 @@ def _monitor_is_logged(cfg: DictConfig) -> str | None:
     if mode in ("max", "min") and mode != want and not m["users"]:
         return f"trainer.monitor_mode={mode}: {monitor} is {'minimised' if want == 'min' else 'maximised'} (use {want})"
     return None
+
+
+def _heads_fit(cfg: DictConfig) -> str | None:
+    """Llama: the heads split hidden_size, the key/value heads split the heads (grouped-query attention)."""
+    hidden, heads, kv = (_get(cfg, f"backbone.{k}") for k in ("hidden_size", "num_heads", "num_kv_heads"))
+    if not all(POSITIVE[0](v) for v in (hidden, heads, kv)) or (hidden % heads == 0 and heads % kv == 0):
+        return None
+    return (f"backbone.num_heads={heads}: a divisor of backbone.hidden_size ({hidden}) and a multiple of "
+            f"backbone.num_kv_heads ({kv})")
 
 
 def _sdpo_has_a_start(cfg: DictConfig) -> str | None:
@@ -269,9 +293,21 @@ def _lightning_arguments(cfg: DictConfig) -> str | None:
     return None
 
 
-CROSS: list[Callable[[DictConfig], str | None]] = [_ks_within_beam, _monitor_is_logged, _sdpo_has_a_start,
+CROSS: list[Callable[[DictConfig], str | None]] = [_ks_within_beam, _monitor_is_logged, _heads_fit, _sdpo_has_a_start,
                                                    _micro_batches_as_the_recipe, _stage1_is_an_objective, _reader_is_a_reader,
                                                    _callbacks_keep_checkpoints, _lightning_arguments]
+
+REPORT_METRIC = re.compile(r"(?:full/)?(?:recall|ndcg)@[1-9]\d*|(?:prefix_recall|pruning_rate)@[1-9]\d*|(?:objective_)?loss")
+REPORT_CHECKS: dict[str, tuple[Check, str]] = {  # genrec.report's keys (conf/report.yaml)
+    "metrics": (lambda v: isinstance(v, list) and bool(v) and all(REPORT_METRIC.fullmatch(str(m)) for m in v),
+                "a non-empty list of recall@k, ndcg@k, full/recall@k, full/ndcg@k, prefix_recall@m, pruning_rate@k, "
+                "loss, objective_loss"),
+    "split": one_of("test", "val"),
+    "baseline": (lambda v: isinstance(v, str) and bool(v), "an objective's row label, e.g. ce"),
+    "select": or_null((lambda v: isinstance(v, str) and bool(MONITOR.fullmatch(v)), "a logged validation key, "
+                       "e.g. val/ndcg@10")),
+    "stale_minutes": number(ge=0),
+}
 
 _ABSENT = object()
 
@@ -285,6 +321,8 @@ def _get(cfg: DictConfig, key: str) -> Any:
 
 
 def _show(v: Any) -> str:
+    if isinstance(v, list):
+        return "[" + ", ".join(map(_show, v)) + "]"
     return "null" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
 
 
@@ -304,15 +342,52 @@ def evaluate_keys(cfg: DictConfig) -> DictConfig:
     return with_eval(cfg, {k: v for k, v in cfg.eval.items() if v is not None})
 
 
-def errors(cfg: DictConfig) -> list[str]:
-    """Every bad value as `key=value: what is allowed`, table order."""
+@cache
+def switch_names() -> dict[str, bool]:
+    """Key names that the files of conf/ set only to true or false (interpolations aside): name -> null allowed.
+    Such a key must be a boolean wherever a config has it (`eval.full_rank=maybe` would run as true)."""
+    seen: dict[str, set[type]] = {}
+
+    def walk(node: Any) -> None:
+        for key, value in node.items() if isinstance(node, dict) else enumerate(node):
+            if isinstance(value, (dict, list)):
+                walk(value)
+            elif not (isinstance(value, str) and value.startswith("${")):
+                seen.setdefault(str(key), set()).add(type(value))
+
+    for path in sorted(CONF.rglob("*.yaml")):
+        walk(yaml.safe_load(path.read_text()) or {})
+    return {name: type(None) in types for name, types in seen.items() if bool in types and types <= {bool, type(None)}}
+
+
+def _switch_errors(cfg: DictConfig, checks: dict[str, tuple[Check, str]]) -> list[str]:
+    """`key=value: true or false` for each key named in `switch_names` that holds another value (`checks`' aside)."""
+    names, out = switch_names(), []
+
+    def walk(node: Any, prefix: str) -> None:
+        for key, value in node.items():
+            path = f"{prefix}{key}"
+            if isinstance(value, dict):
+                walk(value, path + ".")
+            elif key in names and path not in checks and not isinstance(value, bool) and not (
+                    value is None and names[key]) and not (isinstance(value, str) and value.startswith("${")):
+                out.append(f"{path}={_show(value)}: true or false" + (", or null" if names[key] else ""))
+
+    walk(OmegaConf.to_container(cfg, resolve=False), "")
+    return out
+
+
+def errors(cfg: DictConfig, report: bool = False) -> list[str]:
+    """Every bad value as `key=value: what is allowed`, table order, then the switches and the cross checks
+    (`report`: genrec.report's config, REPORT_CHECKS)."""
     cfg = evaluate_keys(cfg)
+    checks, cross_checks = (REPORT_CHECKS, []) if report else (CHECKS, CROSS)
     out = []
-    for key, (ok, allowed) in CHECKS.items():
+    for key, (ok, allowed) in checks.items():
         value = _get(cfg, key)
         if value is not _ABSENT and not ok(value):
             out.append(f"{key}={_show(value)}: {allowed}")
-    return out + [e for e in (cross(cfg) for cross in CROSS) if e]
+    return out + _switch_errors(cfg, checks) + [e for e in (cross(cfg) for cross in cross_checks) if e]
 
 
 DEVICE_ARGS = ("accelerator", "devices", "strategy", "precision", "num_nodes")
@@ -369,18 +444,18 @@ def trainer_errors(cfg: DictConfig) -> list[str]:
     return []
 
 
-def check(cfg: DictConfig, trainer: bool = False) -> None:
+def check(cfg: DictConfig, trainer: bool = False, report: bool = False) -> None:
     """Raise ConfigError with the first bad value; `trainer`: also what the Trainer refuses on this machine
-    (genrec.train, genrec.evaluate)."""
-    bad = errors(cfg) or (trainer_errors(cfg) if trainer else [])
+    (genrec.train, genrec.evaluate); `report`: genrec.report's keys."""
+    bad = errors(cfg, report) or (trainer_errors(cfg) if trainer else [])
     if bad:
         raise ConfigError(bad[0])
 
 
-def exit_if_invalid(cfg: DictConfig, trainer: bool = False) -> None:
+def exit_if_invalid(cfg: DictConfig, trainer: bool = False, report: bool = False) -> None:
     """The entry points' first step: one line on stderr and exit code 2, no traceback, no run dir left."""
     try:
-        check(cfg, trainer)
+        check(cfg, trainer, report)
     except ConfigError as e:
         _forget_run_dir()
         print(f"error: {e}", file=sys.stderr)

@@ -101,6 +101,21 @@ BAD = [  # (overrides, the one line after "error: ")
      "(did you mean patience?)"),
     (["+callbacks.swa._target_=lightning.pytorch.callbacks.SWA"],
      "callbacks.swa._target_=lightning.pytorch.callbacks.SWA: an importable class"),
+    # every key conf/ sets only to true / false (null: genrec.evaluate's eval.* = the run's own)
+    (["eval.full_rank=maybe"], "eval.full_rank=maybe: true or false, or null"),
+    (["trainer.pin_memory=1"], "trainer.pin_memory=1: true or false"),
+    (["resume=1"], "resume=1: true, false or a run dir"),  # resume=<dir> is fine (tests/test_readme.py)
+    (["logger=wandb", "logger.log_model=some"], "logger.log_model=some: true, false or all (W&B: every checkpoint)"),
+    (["experiment=office_cpu", "protocol.end_token=no"], "protocol.end_token=no: true or false"),
+    (["objective=bear", "objective.masked=yes"], "objective.masked=yes: true or false"),
+    (["objective=bear", "objective.widths=[0,5]"], "objective.widths=[0, 5]: a non-empty list of integers >= 1, or null"),
+    (["objective=apao", "objective.bear.widths=10"], "objective.bear.widths=10: a non-empty list of integers >= 1, or null"),
+    (["optim.betas=[0.9,1.5]"], "optim.betas=[0.9, 1.5]: two numbers in [0, 1)"),
+    (["backbone.feed_forward_proj=gelu"], "backbone.feed_forward_proj=gelu: one of relu"),
+    (["backbone=llama", "backbone.num_heads=7"],
+     "backbone.num_heads=7: a divisor of backbone.hidden_size (128) and a multiple of backbone.num_kv_heads (8)"),
+    (["backbone=llama", "backbone.num_kv_heads=3"],
+     "backbone.num_heads=8: a divisor of backbone.hidden_size (128) and a multiple of backbone.num_kv_heads (3)"),
     (["callbacks.checkpoints._target_=genrec.Checkpoints"],
      "callbacks=[checkpoints,early_stopping,validate_last_epoch,epoch_log]: one of them "
      "genrec.callbacks.Checkpoints (conf/callbacks/checkpoints.yaml: best.ckpt, last.ckpt), e.g. callbacks=[default,...]"),
@@ -113,7 +128,7 @@ def test_bad_value_is_named_with_what_is_allowed(overrides, line):
 
 
 GROUPS = {g: sorted(p.stem for p in (CONF / g).glob("*.yaml")) for g in ("backbone", "objective", "eval", "dataset",
-                                                                        "tokenizer", "embedder", "trainer")}
+                                                                        "logger", "tokenizer", "embedder", "trainer")}
 
 
 def test_every_shipped_config_passes_and_every_checked_key_exists():
@@ -180,6 +195,33 @@ def test_cli_prints_one_line_and_does_no_work(tmp_path, module, args, line):
     assert not (tmp_path / "data").exists()  # no data-stage work
     assert not (tmp_path / "sweep").exists() and not (tmp_path / "run" / "checkpoints").exists()
     assert not (tmp_path / "run").exists()  # no run dir left for a report to list as running, then failed
+
+
+REPORT_BAD = [
+    (["split=valid"], "split=valid: one of test, val"),
+    (["metrics=[recal@10]"], "metrics=[recal@10]: a non-empty list of recall@k, ndcg@k, full/recall@k, full/ndcg@k, "
+                             "prefix_recall@m, pruning_rate@k, loss, objective_loss"),
+    (["metrics=recall@10"], "metrics=recall@10: a non-empty list of recall@k, ndcg@k, full/recall@k, full/ndcg@k, "
+                            "prefix_recall@m, pruning_rate@k, loss, objective_loss"),
+    (["select=val/ndgc@10"], "select=val/ndgc@10: a logged validation key, e.g. val/ndcg@10, or null"),
+    (["stale_minutes=abc"], "stale_minutes=abc: a number >= 0"),
+    (["wandb=maybe"], "wandb=maybe: true or false"),
+]
+
+
+@pytest.mark.parametrize("overrides,line", REPORT_BAD, ids=[" ".join(o) for o, _ in REPORT_BAD])
+def test_a_bad_report_value_is_named(overrides, line):
+    assert errors(cfg(*overrides, name="report"), report=True)[0] == line
+    good = cfg("metrics=[recall@10,full/ndcg@20,pruning_rate@5,prefix_recall@2,loss]", "split=val",
+               "select=val/recall@20", name="report")
+    assert errors(good, report=True) == []
+
+
+def test_report_cli_refuses_a_bad_value_before_reading_runs(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "genrec.report", "runs=[docs/results/runs]", f"out={tmp_path}/r",
+                          "split=valid"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert (out.returncode, out.stderr) == (2, "error: split=valid: one of test, val\n")
+    assert not (tmp_path / "r").exists()  # no report dir left behind
 
 
 def test_a_refused_command_keeps_a_run_dir_that_holds_a_run(tmp_path):

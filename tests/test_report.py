@@ -496,3 +496,13 @@ def test_a_metric_the_runs_never_logged_is_named_in_the_notes(tmp_path):
     s = rep.report([tmp_path], tmp_path / "out", ["recall@10", "recall@20"])
     assert {c["metric"]: c["text"] for c in s["cells"]}["recall@20"] == "—"
     assert "beauty/tiger/CE: its 1 finished run(s) log no test/recall@20 (eval.ks [5, 10, 20])" in s["notes"]
+
+
+def test_a_baseline_no_row_has_is_named_in_the_notes(tmp_path):
+    """baseline=<typo>: no gain column can be computed; the notes say so instead of a table without gains."""
+    for obj in ("ce", "pointwise"):
+        write_run(tmp_path / obj, "beauty", "tiger", OBJECTIVES[obj], 1, fake_metrics("beauty", "tiger", obj, 1))
+    s = rep.report([tmp_path], tmp_path / "out", ["recall@10"], baseline="sft")
+    assert "baseline=sft: no row of that objective (rows: APAO-pointwise, CE): no gains" in s["notes"]
+    assert all(c["gain"] is None for c in s["cells"])
+    assert not any("baseline=" in n for n in rep.report([tmp_path], tmp_path / "out2", ["recall@10"])["notes"])

@@ -31,7 +31,7 @@ from typing import Callable, Sequence
 
 from genrec.report import plots  # noqa: F401  (tests patch genrec.report.plots)
 from genrec.report.figures import diagnostic_plots, sensitivity_plots
-from genrec.report.load import BACKBONE_NAMES, Run, load_runs, mark_recipes, objective_label  # noqa: F401
+from genrec.report.load import BACKBONE_NAMES, Run, base_label, load_runs, mark_recipes, objective_label  # noqa: F401
 from genrec.report.page import write_page
 from genrec.report.paired import paired
 from genrec.report.select import choose, group, varying
@@ -79,6 +79,9 @@ def report(runs: Sequence[str | Path], out: str | Path, metrics: Sequence[str] =
         if len(tried) > 1 and v.runs:
             picked = ", ".join(f"{k}={v.flat.get(k)}" for k in varying(tried))
             notes.append(f"{d}/{b}/{lab}: best of {len(tried)} configs on {select or v.runs[0].monitor}: {picked}")
+    labels = sorted({base_label(lab) for _, _, lab in chosen})
+    if chosen and baseline.lower() not in map(str.lower, labels):
+        notes.append(f"baseline={baseline}: no row of that objective (rows: {', '.join(labels)}): no gains")
     pairs, unpaired = paired(chosen, metrics, split, baseline)
     notes += unpaired
     (out / "paired.csv").unlink(missing_ok=True)  # an earlier report's

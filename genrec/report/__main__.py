@@ -8,6 +8,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
+from genrec.config_check import exit_if_invalid
 from genrec.report import report
 from genrec.report.page import rebuild_command
 from genrec.report.wandb_runs import resolve, run_group
@@ -38,6 +39,7 @@ def reference(path: str | None) -> dict | None:
 
 @hydra.main(version_base="1.3", config_path="../../conf", config_name="report")
 def main(cfg: DictConfig) -> None:
+    exit_if_invalid(cfg, report=True)
     runs = [cfg.runs] if isinstance(cfg.runs, str) else list(cfg.runs)
     try:
         paper = reference(cfg.get("paper"))
