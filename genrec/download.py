@@ -69,6 +69,9 @@ def download(urls: list[str], dest: Path, fetch: Callable = urllib.request.urlop
 def fetch_dataset(cfg: DictConfig, fetch: Callable = urllib.request.urlopen) -> list[Path]:
     """Download `cfg.dataset.download` into `cfg.dataset.reader.root`, or say where to get the files."""
     ds = cfg.dataset
+    if ds.reader.get("root") is None:  # ml100k: the copy inside the recbole wheel; synthetic: generated
+        print(f"dataset={ds.name} is embedded (its reader needs no files: {ds.reader._target_}): nothing to download")
+        return []
     root = Path(ds.reader.root)
     files = [str(v) for k, v in ds.reader.items() if k not in ("_target_", "root") and isinstance(v, str)]
     urls = list(ds.get("download") or [])

@@ -148,6 +148,13 @@ def test_yelp_prints_where_to_get_it(tmp_path, capsys):
     assert cfg.dataset.text_template.format(name="N", city="C", state="S", categories="K")
 
 
+@pytest.mark.parametrize("name", ["ml100k", "synthetic"])
+def test_an_embedded_dataset_needs_no_download(name, capsys):
+    """The default dataset ships inside an installed wheel (or is generated): one line says so (was a TypeError)."""
+    assert fetch_dataset(load(name), fetch=lambda url: pytest.fail("nothing to fetch")) == []
+    assert f"dataset={name} is embedded" in capsys.readouterr().out
+
+
 @pytest.mark.skipif(not (CONF / "config.yaml").exists(), reason="conf/config.yaml (the lead's) not written yet")
 def test_hydra_entry_point(tmp_path):
     """The real command: composes the project config, prints the Yelp page, writes no run folder or log."""
