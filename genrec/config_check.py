@@ -66,9 +66,10 @@ def integers(lo: int = 1) -> tuple[Check, str]:
     return lambda v: isinstance(v, list) and bool(v) and all(map(ok, v)), f"a non-empty list of integers >= {lo}"
 
 
-def share_or_count() -> tuple[Check, str]:  # Lightning's limit_*_batches
-    count, share = integer(0)[0], number(ge=0, le=1)[0]
-    return lambda v: count(v) or isinstance(v, float) and share(v), "a share in [0.0, 1.0] or a number of batches"
+def share_or_count() -> tuple[Check, str]:  # Lightning's limit_*_batches (0 would skip the stage: refused)
+    count, share = integer(1)[0], number(gt=0, le=1)[0]
+    return (lambda v: count(v) or isinstance(v, float) and share(v),
+            "a share in (0.0, 1.0] or a number of batches >= 1")
 
 
 POSITIVE, POSITIVE_NUMBER = integer(1), number(gt=0)

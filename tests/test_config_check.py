@@ -27,7 +27,15 @@ BAD = [  # (overrides, the one line after "error: ")
     (["trainer.accumulate=0"], "trainer.accumulate=0: an integer >= 1"),
     (["trainer.max_epochs=0"], "trainer.max_epochs=0: an integer >= 1"),
     (["trainer.limit_train_batches=1.5"],
-     "trainer.limit_train_batches=1.5: a share in [0.0, 1.0] or a number of batches"),
+     "trainer.limit_train_batches=1.5: a share in (0.0, 1.0] or a number of batches >= 1"),
+    # 0 batches: no training (the test then finds no checkpoint), no validation (early stopping fails after epoch
+    # 1), no test (metrics.json fails after all the training)
+    (["trainer.limit_train_batches=0"],
+     "trainer.limit_train_batches=0: a share in (0.0, 1.0] or a number of batches >= 1"),
+    (["trainer.limit_val_batches=0.0"],
+     "trainer.limit_val_batches=0.0: a share in (0.0, 1.0] or a number of batches >= 1"),
+    (["trainer.limit_test_batches=0"],
+     "trainer.limit_test_batches=0: a share in (0.0, 1.0] or a number of batches >= 1"),
     (["eval.beam=0"], "eval.beam=0: an integer >= 1"),
     (["eval.beam=2.5"], "eval.beam=2.5: an integer >= 1"),
     (["eval.ks=[5,50]"], "eval.ks=[5, 50]: a non-empty list of integers from 1 to eval.beam (20)"),
