@@ -124,7 +124,10 @@ def checkpoint_path(path: str | Path) -> Path:
         for name in ("best.ckpt", "last.ckpt"):
             if (path / "checkpoints" / name).is_file():
                 return path / "checkpoints" / name
-        raise FileNotFoundError(f"no checkpoints/best.ckpt or checkpoints/last.ckpt under {path}")
+        summary = (path / "metrics.json").is_file() and not (path / "checkpoints").exists()
+        raise FileNotFoundError(f"no checkpoints/best.ckpt or checkpoints/last.ckpt under {path}" + (
+            " (a run summary, as committed: its weights are not kept; rerun it from its overrides.yaml)"
+            if summary else ""))
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path} does not exist")
     return path

@@ -145,6 +145,9 @@ def test_missing_start_is_a_clear_error(tmp_path):
         load_backbone_state(tmp_path)
     with pytest.raises(FileNotFoundError, match="does not exist"):
         load_backbone_state(tmp_path / "x.ckpt")
+    (tmp_path / "metrics.json").write_text("{}")  # a committed run summary (docs/results/runs/...): no weights
+    with pytest.raises(FileNotFoundError, match="a run summary, as committed: its weights are not kept"):
+        load_backbone_state(tmp_path)
     torch.save({"state_dict": {"objective.w": torch.ones(1)}}, tmp_path / "bad.ckpt")
     with pytest.raises(ValueError, match="no backbone"):
         load_backbone_state(tmp_path / "bad.ckpt")
