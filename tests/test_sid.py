@@ -159,7 +159,8 @@ def test_precomputed_merge_and_no_collision(tmp_path):
     (INDEX, ["0", "7"], r"no semantic ID for item '7'"),
     ({"0": ["<a_1>", "<b_x>"]}, ["0"], r"tokens must look like"),
     ({"0": ["<b_1>", "<a_2>"]}, ["0"], r"levels out of order"),
-    ({"0": ["<a_1>", "<b_2>"], "1": ["<a_1>"]}, ["0", "1"], r"different lengths"),
+    ({"0": ["<a_1>", "<b_2>"], "1": ["<a_1>"], "2": ["<a_3>", "<b_1>"]}, ["0", "1", "2"],
+     r"item '1' has 1 codes, item '0' 2 \(items have codes of different lengths\)"),
 ])
 def test_precomputed_bad_index_names_the_file(tmp_path, index, items, match):
     path = write_index(tmp_path / "D.index.json", index)

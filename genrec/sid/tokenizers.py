@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -106,8 +107,13 @@ class Precomputed:
             if levels != list(range(len(levels))):
                 raise DataError(f"{path}: item {item!r}: levels out of order {index[item]}")
             rows.append([int(m.group(2)) for m in toks])
-        if len({len(r) for r in rows}) != 1:
-            raise DataError(f"{path}: items have codes of different lengths")
+        lengths = Counter(len(r) for r in rows)
+        if len(lengths) > 1:  # name an item of the rarer length against one of the most common
+            common = lengths.most_common(1)[0][0]
+            odd, n = next((i, len(r)) for i, r in zip(item_ids, rows) if len(r) != common)
+            usual = next(i for i, r in zip(item_ids, rows) if len(r) == common)
+            raise DataError(f"{path}: item {odd!r} has {n} codes, item {usual!r} {common} "
+                            "(items have codes of different lengths)")
         codes = np.asarray(rows, dtype=np.int64)
         self.facts = collisions(codes)
         if self.collision == "extra_token" and len(np.unique(codes, axis=0)) < len(codes):
