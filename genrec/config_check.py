@@ -19,7 +19,7 @@ import shutil
 import sys
 from functools import cache
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NoReturn, Sequence
 
 import yaml
 from hydra.experimental.callback import Callback
@@ -458,9 +458,14 @@ def exit_if_invalid(cfg: DictConfig, trainer: bool = False, report: bool = False
     try:
         check(cfg, trainer, report)
     except ConfigError as e:
-        _forget_run_dir()
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+        refuse(e)
+
+
+def refuse(error: Exception | str) -> NoReturn:
+    """Stop a single run on bad config or input: `error: ...` on stderr, exit code 2, no run dir left."""
+    _forget_run_dir()
+    print(f"error: {error}", file=sys.stderr)
+    sys.exit(2)
 
 
 def _forget_run_dir() -> None:

@@ -25,7 +25,7 @@ import lightning as L
 import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from genrec.config_check import ConfigError, check, evaluate_keys, exit_if_invalid, with_eval
+from genrec.config_check import ConfigError, check, evaluate_keys, exit_if_invalid, refuse, with_eval
 from genrec.data.datamodule import SeqDataModule
 from genrec.data.readers.common import DataError
 from genrec.eval.module import EvalModule
@@ -82,8 +82,7 @@ def main(cfg: DictConfig) -> None:
     try:
         result = evaluate(cfg)
     except (DataError, ConfigError) as e:  # a missing run; an eval key that does not fit the run's (eval.ks > beam)
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+        refuse(e)
     print(json.dumps(result))
 
 

@@ -10,7 +10,6 @@ summary; the last line is one JSON object for scripts.
 from __future__ import annotations
 
 import json
-import sys
 import time
 from dataclasses import dataclass, field
 
@@ -20,7 +19,7 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from genrec.config_check import exit_if_invalid
+from genrec.config_check import exit_if_invalid, refuse
 from genrec.data.preprocess import SeqData, build_sequences, item_texts, leave_one_out, sliding_window
 from genrec.data.readers.common import DataError
 from genrec.sid.codes import SemanticIds
@@ -128,8 +127,7 @@ def main(cfg: DictConfig) -> None:
     try:
         prepared = prepare(cfg)
     except DataError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+        refuse(e)
     print_summary(prepared.summary)
     print(json.dumps(prepared.summary))
 

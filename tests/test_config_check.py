@@ -191,6 +191,8 @@ def _cli(tmp_path: Path, module: str, *args: str) -> subprocess.CompletedProcess
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU machine accepts it")),
     ("genrec.prepare", ["experiment=tiny", "dataset.kcore=0"], "error: dataset.kcore=0: an integer >= 1"),
     ("genrec.evaluate", ["ckpt=nowhere", "eval.beam=0"], "error: eval.beam=0: an integer >= 1"),
+    # bad input found before any work: a missing run, a missing data file (no run dir left either)
+    ("genrec.evaluate", ["ckpt=nowhere"], f"error: ckpt=nowhere: checkpoint {ROOT}/nowhere does not exist"),
     # a sweep stops before its first job: job 0 is fine, job 1 is not
     ("genrec.train", ["-m", "experiment=tiny", "eval.beam=5,2"],
      "error: eval.ks=[1, 5]: a non-empty list of integers from 1 to eval.beam (2)"),
@@ -203,6 +205,14 @@ def test_cli_prints_one_line_and_does_no_work(tmp_path, module, args, line):
     assert not (tmp_path / "data").exists()  # no data-stage work
     assert not (tmp_path / "sweep").exists() and not (tmp_path / "run" / "checkpoints").exists()
     assert not (tmp_path / "run").exists()  # no run dir left for a report to list as running, then failed
+
+
+def test_a_missing_data_file_is_one_line_and_leaves_no_run_dir(tmp_path):
+    out = _cli(tmp_path, "genrec.prepare", "dataset=apao_office", "dataset.root=nowhere", f"hydra.run.dir={tmp_path}/run")
+    assert (out.returncode, out.stderr) == (2, "error: missing data file nowhere/Office.inter.json (nor Office.inter."
+                                               "json.gz); set dataset.root or run `python -m genrec.download dataset=<name>`\n")
+    assert not (tmp_path / "run").exists()
+    assert all(p.suffix == ".lock" for p in (tmp_path / "data").rglob("*") if p.is_file())  # no artefact
 
 
 REPORT_BAD = [
@@ -230,6 +240,10 @@ def test_report_cli_refuses_a_bad_value_before_reading_runs(tmp_path):
                           "split=valid"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert (out.returncode, out.stderr) == (2, "error: split=valid: one of test, val\n")
     assert not (tmp_path / "r").exists()  # no report dir left behind
+    out = subprocess.run([sys.executable, "-m", "genrec.report", "runs=[nowhere]", f"out={tmp_path}/r"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert (out.returncode, out.stderr) == (2, "error: no run dirs (config.yaml) under nowhere\n")
+    assert not (tmp_path / "r").exists()
 
 
 def test_a_refused_command_keeps_a_run_dir_that_holds_a_run(tmp_path):

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from genrec.config_check import exit_if_invalid
+from genrec.config_check import exit_if_invalid, refuse
 from genrec.report import report
 from genrec.report.page import rebuild_command
 from genrec.report.wandb_runs import resolve, run_group
@@ -45,15 +44,13 @@ def main(cfg: DictConfig) -> None:
         paper = reference(cfg.get("paper"))
         sources, runs = runs, resolve(runs, Path(cfg.out))  # wandb:<entity>/<project>[/<group>] -> run dirs
     except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+        refuse(e)
     try:
         s = report(runs, cfg.out, list(cfg.metrics), cfg.baseline, cfg.split, cfg.select, cfg.stale_minutes,
                    paper=paper, page=cfg.page, page_intro=cfg.page_intro,
                    rebuild=rebuild_command(OmegaConf.to_container(cfg, resolve=True)))
     except FileNotFoundError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+        refuse(e)
     print((Path(cfg.out) / "table.md").read_text())
     print("\n".join(s["notes"] + [f"runs: {s['runs']}", f"wrote {cfg.out}/: " + ", ".join(s["files"])]
                     + ([f"wrote the page {s['page']}"] if "page" in s else [])))
