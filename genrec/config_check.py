@@ -76,7 +76,8 @@ POSITIVE, POSITIVE_NUMBER = integer(1), number(gt=0)
 BOOL: tuple[Check, str] = (lambda v: isinstance(v, bool), "true or false")
 CHECKS: dict[str, tuple[Check, str]] = {
     "seed": integer(0),
-    "resume": (lambda v: isinstance(v, bool) or isinstance(v, str) and bool(v), "true, false or a run dir"),
+    "resume": (lambda v: v is None or isinstance(v, bool) or isinstance(v, str) and bool(v),
+               "true, false or a run dir"),
     "logger.log_model": (lambda v: isinstance(v, bool) or v == "all", "true, false or all (W&B: every checkpoint)"),
     "dataset.kcore": integer(1),
     "dataset.split": one_of("loo", "sliding"),
