@@ -91,6 +91,9 @@ def main() -> None:
     args = p.parse_args()
 
     if args.curve:
+        if bad := [str(d) for d in args.curve if not ((d / "metrics.json").is_file()
+                                                     or (d / "checkpoints" / "last.ckpt").is_file())]:
+            p.error(f"--curve {' '.join(bad)}: not a run dir (no metrics.json, no checkpoints/last.ckpt)")
         runs = {}
         for d in args.curve:
             hist, final = history(d)
