@@ -3,8 +3,7 @@
 
 `CHECKS` maps a dotted key to what it allows; a key is checked only where the config has it
 (groups differ: `objective.loss` exists for APAO only, `split` for `genrec.evaluate` only).
-Adding a key is one line. `CROSS` holds the checks that relate two keys. A key that conf/ sets only to true / false
-must be a boolean wherever it appears (`switch_names`). `REPORT_CHECKS`: genrec.report's keys. A `-m` sweep checks
+Adding a key is one line. `CROSS` holds the checks that relate two keys. `REPORT_CHECKS`: genrec.report's keys. A `-m` sweep checks
 every job's config before the first one runs (`SweepCheck`, registered in `hydra.callbacks`).
 `python -m genrec.config_check <overrides> [-- <overrides> ...]` checks genrec.train command lines without
 running them (one `ok` or `error:` line each).
@@ -17,11 +16,9 @@ import inspect
 import re
 import shutil
 import sys
-from functools import cache
 from pathlib import Path
 from typing import Any, Callable, NoReturn, Sequence
 
-import yaml
 from hydra.experimental.callback import Callback
 from hydra.utils import get_class, get_method
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
@@ -63,7 +60,7 @@ def or_null(check: tuple[Check, str]) -> tuple[Check, str]:
 
 def integers(lo: int = 1) -> tuple[Check, str]:
     ok = integer(lo)[0]
-    return lambda v: isinstance(v, list) and bool(v) and all(map(ok, v)), f"a non-empty list of integers >= {lo}"
+    return lambda v: isinstance(v, list) and all(map(ok, v)), f"a list of integers >= {lo}"
 
 
 def share_or_count() -> tuple[Check, str]:  # Lightning's limit_*_batches (0 would skip the stage: refused)
@@ -77,8 +74,9 @@ BOOL: tuple[Check, str] = (lambda v: isinstance(v, bool), "true or false")
 CHECKS: dict[str, tuple[Check, str]] = {
     "seed": integer(0),
     "resume": (lambda v: v is None or isinstance(v, bool) or isinstance(v, str) and bool(v),
-               "true, false or a run dir"),
+               "true, false (or null) or a run dir"),
     "logger.log_model": (lambda v: isinstance(v, bool) or v == "all", "true, false or all (W&B: every checkpoint)"),
+    "dataset.strict": BOOL,
     "dataset.kcore": integer(1),
     "dataset.split": one_of("loo", "sliding"),
     "dataset.max_history": POSITIVE,
@@ -86,6 +84,14 @@ CHECKS: dict[str, tuple[Check, str]] = {
     "tokenizer.codebook_size": integer(2),
     "tokenizer.iters": POSITIVE,
     "tokenizer.collision": one_of("extra_token", "merge"),
+    "tokenizer.disambiguate": BOOL,
+    "embedder.normalize": BOOL,
+    "backbone.tie_embeddings": BOOL,
+    "protocol.end_token": BOOL,
+    "objective.end_token": BOOL,
+    "objective.masked": BOOL,
+    "objective.correction": BOOL,
+    "objective.mask_collisions": BOOL,
     "backbone.d_model": POSITIVE,
     "backbone.num_layers": POSITIVE,
     "backbone.num_decoder_layers": POSITIVE,
@@ -123,6 +129,7 @@ CHECKS: dict[str, tuple[Check, str]] = {
     "objective.bear.widths": or_null(integers(1)),
     "eval.beam": POSITIVE,
     "eval.chunk": POSITIVE,
+    "eval.full_rank": or_null(BOOL),  # null: the run's own (genrec.evaluate)
     "eval.score": or_null(one_of("full", "masked")),  # null: the run's own (genrec.evaluate)
     "eval.temperature": or_null(POSITIVE_NUMBER),
     "trainer.max_epochs": POSITIVE,
@@ -145,6 +152,10 @@ CHECKS: dict[str, tuple[Check, str]] = {
     "trainer.validate": one_of("beam", "loss"),
     "trainer.clip_on": one_of("mean", "sum"),
     "trainer.memory_check": BOOL,
+    "trainer.deterministic": (lambda v: isinstance(v, bool) or v == "warn", "true, false or warn"),
+    "trainer.pin_memory": BOOL,
+    "trainer.keep_freed_memory": BOOL,
+    "trainer.progress_bar": BOOL,
     "optim.lr": POSITIVE_NUMBER,
     "optim.weight_decay": number(ge=0),
     "optim.eps": POSITIVE_NUMBER,
@@ -196,12 +207,13 @@ def _monitor_is_logged(cfg: DictConfig) -> str | None:
 
 
 def _heads_fit(cfg: DictConfig) -> str | None:
-    """Llama: the heads split hidden_size, the key/value heads split the heads (grouped-query attention)."""
+    """Llama: the heads split hidden_size into an even head size (RoPE rotates pairs), the key/value heads split
+    the heads (grouped-query attention)."""
     hidden, heads, kv = (_get(cfg, f"backbone.{k}") for k in ("hidden_size", "num_heads", "num_kv_heads"))
-    if not all(POSITIVE[0](v) for v in (hidden, heads, kv)) or (hidden % heads == 0 and heads % kv == 0):
+    if not all(POSITIVE[0](v) for v in (hidden, heads, kv)) or (hidden % (2 * heads) == 0 and heads % kv == 0):
         return None
-    return (f"backbone.num_heads={heads}: a divisor of backbone.hidden_size ({hidden}) and a multiple of "
-            f"backbone.num_kv_heads ({kv})")
+    return (f"backbone.num_heads={heads}: a multiple of backbone.num_kv_heads ({kv}) that splits "
+            f"backbone.hidden_size ({hidden}) into an even head size (RoPE)")
 
 
 def _sdpo_has_a_start(cfg: DictConfig) -> str | None:
@@ -299,12 +311,14 @@ CROSS: list[Callable[[DictConfig], str | None]] = [_ks_within_beam, _monitor_is_
                                                    _micro_batches_as_the_recipe, _stage1_is_an_objective, _reader_is_a_reader,
                                                    _callbacks_keep_checkpoints, _lightning_arguments]
 
-REPORT_METRIC = re.compile(r"(?:full/)?(?:recall|ndcg)@[1-9]\d*|(?:prefix_recall|pruning_rate)@[1-9]\d*|(?:objective_)?loss")
+REPORT_METRIC = re.compile(r"(?:full/)?(?:recall|ndcg)@[1-9]\d*|(?:prefix_recall|pruning_rate|last_batch_loss)@[1-9]\d*"
+                           r"|(?:objective_)?loss|users")
 REPORT_CHECKS: dict[str, tuple[Check, str]] = {  # genrec.report's keys (conf/report.yaml)
     "metrics": (lambda v: isinstance(v, list) and bool(v) and all(REPORT_METRIC.fullmatch(str(m)) for m in v),
                 "a non-empty list of recall@k, ndcg@k, full/recall@k, full/ndcg@k, prefix_recall@m, pruning_rate@k, "
-                "loss, objective_loss"),
-    "split": one_of("test", "val"),
+                "loss, objective_loss, last_batch_loss@B, users"),
+    "split": (one_of("test", "val")[0], "one of test, val (metrics.json's test or best-epoch validation metrics)"),
+    "wandb": BOOL,
     "baseline": (lambda v: isinstance(v, str) and bool(v), "an objective's row label, e.g. ce"),
     "select": or_null((lambda v: isinstance(v, str) and bool(MONITOR.fullmatch(v)), "a logged validation key, "
                        "e.g. val/ndcg@10")),
@@ -344,44 +358,9 @@ def evaluate_keys(cfg: DictConfig) -> DictConfig:
     return with_eval(cfg, {k: v for k, v in cfg.eval.items() if v is not None})
 
 
-@cache
-def switch_names() -> dict[str, bool]:
-    """Key names that the files of conf/ set only to true or false (interpolations aside): name -> null allowed.
-    Such a key must be a boolean wherever a config has it (`eval.full_rank=maybe` would run as true)."""
-    seen: dict[str, set[type]] = {}
-
-    def walk(node: Any) -> None:
-        for key, value in node.items() if isinstance(node, dict) else enumerate(node):
-            if isinstance(value, (dict, list)):
-                walk(value)
-            elif not (isinstance(value, str) and value.startswith("${")):
-                seen.setdefault(str(key), set()).add(type(value))
-
-    for path in sorted(CONF.rglob("*.yaml")):
-        walk(yaml.safe_load(path.read_text()) or {})
-    return {name: type(None) in types for name, types in seen.items() if bool in types and types <= {bool, type(None)}}
-
-
-def _switch_errors(cfg: DictConfig, checks: dict[str, tuple[Check, str]]) -> list[str]:
-    """`key=value: true or false` for each key named in `switch_names` that holds another value (`checks`' aside)."""
-    names, out = switch_names(), []
-
-    def walk(node: Any, prefix: str) -> None:
-        for key, value in node.items():
-            path = f"{prefix}{key}"
-            if isinstance(value, dict):
-                walk(value, path + ".")
-            elif key in names and path not in checks and not isinstance(value, bool) and not (
-                    value is None and names[key]) and not (isinstance(value, str) and value.startswith("${")):
-                out.append(f"{path}={_show(value)}: true or false" + (", or null" if names[key] else ""))
-
-    walk(OmegaConf.to_container(cfg, resolve=False), "")
-    return out
-
-
 def errors(cfg: DictConfig, report: bool = False) -> list[str]:
-    """Every bad value as `key=value: what is allowed`, table order, then the switches and the cross checks
-    (`report`: genrec.report's config, REPORT_CHECKS)."""
+    """Every bad value as `key=value: what is allowed`, table order, then the cross checks (`report`:
+    genrec.report's config, REPORT_CHECKS)."""
     cfg = evaluate_keys(cfg)
     checks, cross_checks = (REPORT_CHECKS, []) if report else (CHECKS, CROSS)
     out = []
@@ -389,7 +368,7 @@ def errors(cfg: DictConfig, report: bool = False) -> list[str]:
         value = _get(cfg, key)
         if value is not _ABSENT and not ok(value):
             out.append(f"{key}={_show(value)}: {allowed}")
-    return out + _switch_errors(cfg, checks) + [e for e in (cross(cfg) for cross in cross_checks) if e]
+    return out + [e for e in (cross(cfg) for cross in cross_checks) if e]
 
 
 DEVICE_ARGS = ("accelerator", "devices", "strategy", "precision", "num_nodes")
@@ -479,6 +458,8 @@ def _forget_run_dir() -> None:
         return
     hydra = HydraConfig.get()
     out = Path(hydra.runtime.output_dir)
+    if out.resolve() == Path.cwd().resolve():  # e.g. `genrec.report out=.`: never the folder the user works in
+        return
     if out.is_dir() and all(p.name in (".hydra", f"{hydra.job.name}.log") for p in out.iterdir()):
         shutil.rmtree(out, ignore_errors=True)
 

@@ -1,5 +1,6 @@
 """A bad config value is one line, `error: <key>=<value>: <allowed>`, before any work starts."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -109,21 +110,25 @@ BAD = [  # (overrides, the one line after "error: ")
      "(did you mean patience?)"),
     (["+callbacks.swa._target_=lightning.pytorch.callbacks.SWA"],
      "callbacks.swa._target_=lightning.pytorch.callbacks.SWA: an importable class"),
-    # every key conf/ sets only to true / false (null: genrec.evaluate's eval.* = the run's own)
+    # switches (null: genrec.evaluate's eval.* = the run's own)
     (["eval.full_rank=maybe"], "eval.full_rank=maybe: true or false, or null"),
+    (["trainer.deterministic=yes"], "trainer.deterministic=yes: true, false or warn"),
     (["trainer.pin_memory=1"], "trainer.pin_memory=1: true or false"),
-    (["resume=1"], "resume=1: true, false or a run dir"),  # resume=<dir> is fine (tests/test_readme.py)
+    (["resume=1"], "resume=1: true, false (or null) or a run dir"),  # resume=<dir> is fine (tests/test_readme.py)
     (["logger=wandb", "logger.log_model=some"], "logger.log_model=some: true, false or all (W&B: every checkpoint)"),
     (["experiment=office_cpu", "protocol.end_token=no"], "protocol.end_token=no: true or false"),
     (["objective=bear", "objective.masked=yes"], "objective.masked=yes: true or false"),
-    (["objective=bear", "objective.widths=[0,5]"], "objective.widths=[0, 5]: a non-empty list of integers >= 1, or null"),
-    (["objective=apao", "objective.bear.widths=10"], "objective.bear.widths=10: a non-empty list of integers >= 1, or null"),
+    (["objective=bear", "objective.widths=[0,5]"], "objective.widths=[0, 5]: a list of integers >= 1, or null"),
+    (["objective=apao", "objective.bear.widths=10"], "objective.bear.widths=10: a list of integers >= 1, or null"),
     (["optim.betas=[0.9,1.5]"], "optim.betas=[0.9, 1.5]: two numbers in [0, 1)"),
     (["backbone.feed_forward_proj=gelu"], "backbone.feed_forward_proj=gelu: one of relu"),
-    (["backbone=llama", "backbone.num_heads=7"],
-     "backbone.num_heads=7: a divisor of backbone.hidden_size (128) and a multiple of backbone.num_kv_heads (8)"),
-    (["backbone=llama", "backbone.num_kv_heads=3"],
-     "backbone.num_heads=8: a divisor of backbone.hidden_size (128) and a multiple of backbone.num_kv_heads (3)"),
+    (["backbone=llama", "backbone.num_heads=7"], "backbone.num_heads=7: a multiple of backbone.num_kv_heads (8) "
+                                                  "that splits backbone.hidden_size (128) into an even head size (RoPE)"),
+    (["backbone=llama", "backbone.num_kv_heads=3"], "backbone.num_heads=8: a multiple of backbone.num_kv_heads (3) "
+                                                     "that splits backbone.hidden_size (128) into an even head size (RoPE)"),
+    (["backbone=llama", "backbone.hidden_size=120", "backbone.num_kv_heads=4"],  # head size 15: RoPE's shapes fail
+     "backbone.num_heads=8: a multiple of backbone.num_kv_heads (4) that splits backbone.hidden_size (120) into an "
+     "even head size (RoPE)"),
     (["callbacks.checkpoints._target_=genrec.Checkpoints"],
      "callbacks=[checkpoints,early_stopping,validate_last_epoch,epoch_log]: one of them "
      "genrec.callbacks.Checkpoints (conf/callbacks/checkpoints.yaml: best.ckpt, last.ckpt), e.g. callbacks=[default,...]"),
@@ -215,12 +220,22 @@ def test_a_missing_data_file_is_one_line_and_leaves_no_run_dir(tmp_path):
     assert all(p.suffix == ".lock" for p in (tmp_path / "data").rglob("*") if p.is_file())  # no artefact
 
 
+@pytest.mark.parametrize("overrides", [
+    ["objective=bear", "objective.widths=[]"],  # as null: BEAR's own width
+    ["trainer.deterministic=warn"], ["trainer=gpu"], ["resume=null"], ["resume=outputs/x"],
+    ["trainer.lightning.enable_model_summary=null"],  # Lightning's own keys: Lightning's types
+    ["backbone=llama", "backbone.hidden_size=96", "backbone.num_heads=6", "backbone.num_kv_heads=2"],
+])
+def test_values_the_code_accepts_pass(overrides):
+    assert errors(cfg(*overrides)) == []
+
+
 REPORT_BAD = [
-    (["split=valid"], "split=valid: one of test, val"),
+    (["split=valid"], "split=valid: one of test, val (metrics.json's test or best-epoch validation metrics)"),
     (["metrics=[recal@10]"], "metrics=[recal@10]: a non-empty list of recall@k, ndcg@k, full/recall@k, full/ndcg@k, "
-                             "prefix_recall@m, pruning_rate@k, loss, objective_loss"),
+                             "prefix_recall@m, pruning_rate@k, loss, objective_loss, last_batch_loss@B, users"),
     (["metrics=recall@10"], "metrics=recall@10: a non-empty list of recall@k, ndcg@k, full/recall@k, full/ndcg@k, "
-                            "prefix_recall@m, pruning_rate@k, loss, objective_loss"),
+                            "prefix_recall@m, pruning_rate@k, loss, objective_loss, last_batch_loss@B, users"),
     (["select=val/ndgc@10"], "select=val/ndgc@10: a logged validation key, e.g. val/ndcg@10, or null"),
     (["stale_minutes=abc"], "stale_minutes=abc: a number >= 0"),
     (["wandb=maybe"], "wandb=maybe: true or false"),
@@ -230,7 +245,7 @@ REPORT_BAD = [
 @pytest.mark.parametrize("overrides,line", REPORT_BAD, ids=[" ".join(o) for o, _ in REPORT_BAD])
 def test_a_bad_report_value_is_named(overrides, line):
     assert errors(cfg(*overrides, name="report"), report=True)[0] == line
-    good = cfg("metrics=[recall@10,full/ndcg@20,pruning_rate@5,prefix_recall@2,loss]", "split=val",
+    good = cfg("metrics=[recall@10,full/ndcg@20,pruning_rate@5,prefix_recall@2,loss,users]", "split=val",
                "select=val/recall@20", name="report")
     assert errors(good, report=True) == []
 
@@ -238,12 +253,20 @@ def test_a_bad_report_value_is_named(overrides, line):
 def test_report_cli_refuses_a_bad_value_before_reading_runs(tmp_path):
     out = subprocess.run([sys.executable, "-m", "genrec.report", "runs=[docs/results/runs]", f"out={tmp_path}/r",
                           "split=valid"], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert (out.returncode, out.stderr) == (2, "error: split=valid: one of test, val\n")
+    assert (out.returncode, out.stderr) == (2, "error: split=valid: one of test, val (metrics.json's test or "
+                                               "best-epoch validation metrics)\n")
     assert not (tmp_path / "r").exists()  # no report dir left behind
     out = subprocess.run([sys.executable, "-m", "genrec.report", "runs=[nowhere]", f"out={tmp_path}/r"], cwd=ROOT,
                          capture_output=True, text=True, timeout=300)
     assert (out.returncode, out.stderr) == (2, "error: no run dirs (config.yaml) under nowhere\n")
     assert not (tmp_path / "r").exists()
+
+
+def test_a_refused_report_into_the_working_folder_keeps_it(tmp_path):
+    """`out=.` in an empty folder: the refusal removes Hydra's log there, never the folder the user works in."""
+    out = subprocess.run([sys.executable, "-m", "genrec.report", "out=.", "split=valid"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 2 and tmp_path.is_dir()
 
 
 def test_a_refused_command_keeps_a_run_dir_that_holds_a_run(tmp_path):

@@ -108,7 +108,7 @@ class Precomputed:
                 raise DataError(f"{path}: item {item!r}: levels out of order {index[item]}")
             rows.append([int(m.group(2)) for m in toks])
         lengths = Counter(len(r) for r in rows)
-        if len(lengths) > 1:  # name an item of the rarer length against one of the most common
+        if len(lengths) > 1:  # name the first item whose length is not the most common one, and one that is
             common = lengths.most_common(1)[0][0]
             odd, n = next((i, len(r)) for i, r in zip(item_ids, rows) if len(r) != common)
             usual = next(i for i, r in zip(item_ids, rows) if len(r) == common)
