@@ -444,3 +444,11 @@ def test_llama_draws_hf_initial_weights_and_loads_checkpoints_with_hf_names():
     for ours, theirs in model.hf_names().items():
         assert torch.equal(model.state_dict()[ours], hf.state_dict()[theirs]), ours
     assert_loads_into_zeroed(old, model, make("llama", dropout=0.2))
+
+
+@pytest.mark.parametrize("hidden,heads,kv", [(120, 8, 4), (128, 7, 7), (128, 8, 3)])
+def test_llama_refuses_heads_that_do_not_fit(hidden, heads, kv):
+    """Head size odd (RoPE rotates pairs: 120 / 8 = 15 failed only at the first forward), or kv heads not dividing heads."""
+    with pytest.raises(ValueError, match="even head size"):
+        Llama(vocab_size=20, max_positions=16, hidden_size=hidden, num_layers=1, num_heads=heads, num_kv_heads=kv,
+              intermediate_size=16)

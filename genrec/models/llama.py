@@ -81,9 +81,9 @@ class Llama(Backbone):
             memory, memory_users = ("checkpoint", n) if n else ("none", memory_users)
         if legacy or memory not in ("checkpoint", "none"):
             raise ValueError(f"Llama: backbone.memory={memory} (checkpoint or none); unknown keys {sorted(legacy)}")
-        if hidden_size % num_heads or num_heads % num_kv_heads:
+        if hidden_size % (2 * num_heads) or num_heads % num_kv_heads:
             raise ValueError(f"Llama: hidden_size={hidden_size}, num_heads={num_heads}, num_kv_heads={num_kv_heads}: "
-                             "heads must divide hidden_size and kv heads must divide heads")
+                             "heads must split hidden_size into an even head size (RoPE) and kv heads must divide heads")
         self.vocab_size, self.max_positions = vocab_size, max_positions
         self.memory, self.memory_users = memory, memory_users
         self.llama_config = LlamaConfig(
