@@ -3,8 +3,8 @@
 
 `CHECKS` maps a dotted key to what it allows; a key is checked only where the config has it
 (groups differ: `objective.loss` exists for APAO only, `split` for `genrec.evaluate` only).
-Adding a key is one line. `CROSS` holds the checks that relate two keys. `REPORT_CHECKS`: genrec.report's keys. A `-m` sweep checks
-every job's config before the first one runs (`SweepCheck`, registered in `hydra.callbacks`).
+Adding a key is one line. `CROSS` holds the checks that relate two keys. `REPORT_CHECKS`: genrec.report's keys.
+A `-m` sweep checks every job's config before the first one runs (`SweepCheck`, registered in `hydra.callbacks`).
 `python -m genrec.config_check <overrides> [-- <overrides> ...]` checks genrec.train command lines without
 running them (one `ok` or `error:` line each).
 """
@@ -25,6 +25,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
 from genrec.data.readers.common import is_reader
 from genrec.eval.metrics import lower_is_better
+from genrec.models.llama_block import heads_fit
 from genrec.runs import state_per_micro_batch
 
 Check = Callable[[Any], bool]
@@ -207,10 +208,9 @@ def _monitor_is_logged(cfg: DictConfig) -> str | None:
 
 
 def _heads_fit(cfg: DictConfig) -> str | None:
-    """Llama: the heads split hidden_size into an even head size (RoPE rotates pairs), the key/value heads split
-    the heads (grouped-query attention)."""
+    """Llama's heads, as the model itself requires them (genrec.models.llama_block.heads_fit)."""
     hidden, heads, kv = (_get(cfg, f"backbone.{k}") for k in ("hidden_size", "num_heads", "num_kv_heads"))
-    if not all(POSITIVE[0](v) for v in (hidden, heads, kv)) or (hidden % (2 * heads) == 0 and heads % kv == 0):
+    if not all(POSITIVE[0](v) for v in (hidden, heads, kv)) or heads_fit(hidden, heads, kv):
         return None
     return (f"backbone.num_heads={heads}: a multiple of backbone.num_kv_heads ({kv}) that splits "
             f"backbone.hidden_size ({hidden}) into an even head size (RoPE)")

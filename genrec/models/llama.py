@@ -24,7 +24,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from genrec.models.base import BOS, EOS, PAD, Backbone
 from genrec.models.head import float_logits, head_logprobs
-from genrec.models.llama_block import Layer, RMSNorm, Rotary
+from genrec.models.llama_block import Layer, RMSNorm, Rotary, heads_fit
 
 KV = list[tuple[Tensor, Tensor]]  # per layer (keys, values)
 
@@ -81,7 +81,7 @@ class Llama(Backbone):
             memory, memory_users = ("checkpoint", n) if n else ("none", memory_users)
         if legacy or memory not in ("checkpoint", "none"):
             raise ValueError(f"Llama: backbone.memory={memory} (checkpoint or none); unknown keys {sorted(legacy)}")
-        if hidden_size % (2 * num_heads) or num_heads % num_kv_heads:
+        if not heads_fit(hidden_size, num_heads, num_kv_heads):
             raise ValueError(f"Llama: hidden_size={hidden_size}, num_heads={num_heads}, num_kv_heads={num_kv_heads}: "
                              "heads must split hidden_size into an even head size (RoPE) and kv heads must divide heads")
         self.vocab_size, self.max_positions = vocab_size, max_positions

@@ -53,6 +53,12 @@ class Rotary(nn.Module):
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
+def heads_fit(hidden_size: int, num_heads: int, num_kv_heads: int) -> bool:
+    """The heads split hidden_size into an even head size (RoPE rotates pairs) and the key/value heads split the
+    heads (grouped-query attention)."""
+    return hidden_size % (2 * num_heads) == 0 and num_heads % num_kv_heads == 0
+
+
 def rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """x [..., H, S, d] turned by cos, sin [..., S, d]."""
     cos, sin = cos.unsqueeze(-3), sin.unsqueeze(-3)
