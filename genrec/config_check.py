@@ -165,7 +165,7 @@ CHECKS: dict[str, tuple[Check, str]] = {
     "optim.warmup": number(ge=0, lt=1),
     "optim.min_lr_ratio": number(ge=0, le=1),
     "optim.cooldown": number(gt=0, le=1),
-    "split": one_of("test", "valid"),  # genrec.evaluate
+    "split": one_of("test", "val"),  # genrec.evaluate (val: as the run's own val/ metrics and genrec.report's split)
     "batch_size": POSITIVE,  # genrec.evaluate
 }
 

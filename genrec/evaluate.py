@@ -10,8 +10,9 @@ the checkpoint's model weights, evaluates, and writes `<run dir>/eval/<split>-be
 (`...-<checkpoint name>.json` for a checkpoint other than the run's selected one, e.g. last.ckpt);
 the last line printed is the same JSON object; per user ranks go to `<same name>.ranks.csv`. Every `eval.*`
 key (beam, ks, full_rank, chunk, score, temperature) is the run's own unless this command sets it, one by
-one or as a preset (`eval=bear`); a scoring other than the run's is named in the file name. `split=valid`
-scores every validation user, also for a run that selected on a `trainer.val_users` sample.
+one or as a preset (`eval=bear`); a scoring other than the run's is named in the file name. `split=val`
+scores every validation user, also for a run that selected on a `trainer.val_users` sample, into
+eval/val-beam<K>...json with `val/` keys (as the run's own validation metrics: `genrec.report split=val` reads them).
 """
 
 from __future__ import annotations
@@ -60,19 +61,20 @@ def evaluate(cfg: DictConfig) -> dict:
     module.backbone.load_state_dict(load_backbone_state(ckpt))
     trainer = L.Trainer(accelerator=cfg.accelerator, devices=1, precision=run_cfg.trainer.precision,  # as the run
                         logger=False, enable_model_summary=False, use_distributed_sampler=False)
-    loader = dm.test_dataloader if cfg.split == "test" else dm.val_dataloader
+    split = "test" if cfg.split == "test" else "val"  # the namespace of the run's own metrics (val/recall@10)
+    loader = dm.test_dataloader if split == "test" else dm.val_dataloader
     trainer.test(module, dataloaders=loader(), verbose=False)  # the test step, on the chosen split
-    metrics = {f"{cfg.split}/{k}": v for k, v in module.last_metrics["test"].items()}
+    metrics = {f"{split}/{k}": v for k, v in module.last_metrics["test"].items()}
     score, temperature = module.evaluator.score, module.evaluator.temperature
     beam, full = run_cfg.eval.beam, run_cfg.eval.full_rank
     result = {**metrics, "beam": beam, "full_rank": full, "eval_score": score,
               "eval_temperature": temperature, "checkpoint": str(ckpt)}
     scoring = "" if (score, temperature) == (own["score"], own["temperature"]) else f"-{score}-t{temperature:g}"
     other = "" if ckpt == checkpoint_path(run_dir) else f"-{ckpt.stem}"  # not the run's selected checkpoint
-    out = run_dir / "eval" / f"{cfg.split}-beam{beam}{scoring}{'-full' if full else ''}{other}.json"
+    out = run_dir / "eval" / f"{split}-beam{beam}{scoring}{'-full' if full else ''}{other}.json"
     out.parent.mkdir(exist_ok=True)
     write_json(out, result)
-    module.write_ranks(out.with_suffix(".ranks.csv"), dm.splits[cfg.split])  # per user: genrec.report's paired test
+    module.write_ranks(out.with_suffix(".ranks.csv"), dm.splits["test" if split == "test" else "valid"])  # per user: genrec.report's paired test
     return result
 
 

@@ -196,6 +196,7 @@ def _cli(tmp_path: Path, module: str, *args: str) -> subprocess.CompletedProcess
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU machine accepts it")),
     ("genrec.prepare", ["experiment=tiny", "dataset.kcore=0"], "error: dataset.kcore=0: an integer >= 1"),
     ("genrec.evaluate", ["ckpt=nowhere", "eval.beam=0"], "error: eval.beam=0: an integer >= 1"),
+    ("genrec.evaluate", ["ckpt=nowhere", "split=valid"], "error: split=valid: one of test, val"),  # as genrec.report
     # bad input found before any work: a missing run, a missing data file (no run dir left either)
     ("genrec.evaluate", ["ckpt=nowhere"], f"error: ckpt=nowhere: checkpoint {ROOT}/nowhere does not exist"),
     # a sweep stops before its first job: job 0 is fine, job 1 is not

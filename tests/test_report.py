@@ -489,6 +489,27 @@ def test_full_rank_reevaluation_supplies_the_metrics_a_run_lacks(tmp_path):
     assert "pruning_rate_office_tiger.png" in s["files"]
 
 
+def test_validation_reevaluations_fill_the_val_report_old_valid_files_too(tmp_path):
+    """`genrec.report split=val` reads genrec.evaluate's validation re-evaluations (eval/val-beam20-full.json) as it
+    reads the test ones, and those written before the split was named `val` (eval/valid-beam20-full.json, `valid/`
+    keys); metrics.json's best-epoch validation metrics still win."""
+    def val_eval(run, name, prefix, pr):
+        (run / "eval").mkdir(exist_ok=True)
+        (run / "eval" / name).write_text(json.dumps({f"{prefix}/pruning_rate@10": pr, f"{prefix}/recall@10": 0.9,
+                                                     "beam": 20, "full_rank": True, "eval_score": "full",
+                                                     "eval_temperature": 1.0, "checkpoint": str(run / "best.ckpt")}))
+    ce = write_run(tmp_path / "ce", "office", "tiger", OBJECTIVES["ce"], 1, {"val/recall@10": 0.05})
+    val_eval(ce, "val-beam20-full.json", "val", 0.25)
+    apao = write_run(tmp_path / "apao", "office", "tiger", OBJECTIVES["pointwise"], 1, {"val/recall@10": 0.06})
+    val_eval(apao, "valid-beam20-full.json", "valid", 0.15)
+    s = rep.report([tmp_path], tmp_path / "out", ["recall@10", "pruning_rate@10"], split="val")
+    mean = {(c["objective"], c["metric"]): c["mean"] for c in s["cells"]}
+    assert mean == {("CE", "recall@10"): 0.05, ("CE", "pruning_rate@10"): 0.25,
+                    ("APAO-pointwise", "recall@10"): 0.06, ("APAO-pointwise", "pruning_rate@10"): 0.15}
+    assert {c["metric"]: c["mean"] for c in rep.report([tmp_path], tmp_path / "t", ["pruning_rate@10"])["cells"]} \
+        == {"pruning_rate@10": None}  # the test report: validation files are not test files
+
+
 def test_a_metric_the_runs_never_logged_is_named_in_the_notes(tmp_path):
     """Finished runs evaluated at other ks (e.g. experiment=tiny's [1, 5]) give "—" cells: the notes say why."""
     m = fake_metrics("beauty", "tiger", "ce", 1)

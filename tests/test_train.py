@@ -184,6 +184,24 @@ def test_evaluating_another_checkpoint_of_a_run_keeps_the_selected_ones_file(tmp
     assert json.loads((out / "test-beam5-last.json").read_text())["checkpoint"].endswith("last.ckpt")
 
 
+def test_evaluate_the_validation_split_writes_what_the_report_reads_as_val(tmp_path):
+    """`split=val` writes eval/val-beam<K>[-full].json with `val/` keys, the
+    namespace of the run's own validation metrics and of `genrec.report split=val`, which reads them (PR@k)."""
+    r = run(config(tmp_path, "trainer.max_epochs=1"))
+    from genrec import report as rep
+    from genrec.evaluate import evaluate
+
+    with initialize_config_dir(CONF, version_base="1.3"):
+        val = evaluate(compose("evaluate", overrides=[f"ckpt={tmp_path}/run", "split=val", "eval.full_rank=true",
+                                                      f"data_dir={tmp_path.parent}/data"]))
+    assert sorted(p.name for p in (tmp_path / "run" / "eval").iterdir()) == ["val-beam5-full.json",
+                                                                             "val-beam5-full.ranks.csv"]
+    assert val["val/users"] == 300 and "val/pruning_rate@5" in val and not [k for k in val if k.startswith("valid")]
+    assert val["val/recall@5"] != r["test/recall@5"] or val["val/ndcg@5"] != r["test/ndcg@5"]  # not the test split
+    s = rep.report([tmp_path / "run"], tmp_path / "report", ["recall@5", "pruning_rate@5"], split="val")
+    assert {c["metric"]: c["mean"] for c in s["cells"]}["pruning_rate@5"] == val["val/pruning_rate@5"]
+
+
 def test_evaluate_a_run_whose_config_names_a_since_moved_module(tmp_path):
     """Runs written before genrec/data/sid.py moved to genrec/sid/tokenizers.py name the old path in config.yaml."""
     r = run(config(tmp_path, "trainer.max_epochs=1"))

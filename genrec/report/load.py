@@ -95,10 +95,13 @@ class Run:
 
     def eval_files(self, split: str = "*") -> list[tuple[Path, dict]]:
         """Re-evaluations of the run's selected checkpoint written by genrec.evaluate, (file, contents):
-        eval/<split>-beam<K>[-full].json (not another checkpoint's, `...-last.json`)."""
+        eval/<split>-beam<K>[-full].json (not another checkpoint's, `...-last.json`). Validation files written
+        before genrec.evaluate named the split `val` (valid-beam<K>..., `valid/` keys) read as `val` ones."""
         mine = Path(str((self.metrics or {}).get("checkpoint", "best.ckpt"))).name
-        return [(f, j) for f in sorted((self.path / "eval").glob(f"{split}-beam*.json"))
-                if (j := read_json(f)) and Path(str(j.get("checkpoint", mine))).name == mine]
+        names = ["val", "valid"] if split == "val" else [split]
+        files = sorted(f for name in names for f in (self.path / "eval").glob(f"{name}-beam*.json"))
+        return [(f, {k.replace("valid/", "val/", 1) if k.startswith("valid/") else k: v for k, v in j.items()})
+                for f in files if (j := read_json(f)) and Path(str(j.get("checkpoint", mine))).name == mine]
 
     def evals(self, split: str = "*") -> list[dict]:
         return [j for _, j in self.eval_files(split)]
