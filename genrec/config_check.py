@@ -450,7 +450,8 @@ def refuse(error: Exception | str) -> NoReturn:
 
 def _forget_run_dir() -> None:
     """Remove the run dir Hydra made for a refused single run if it holds only Hydra's own files (.hydra/,
-    <job>.log), so no report lists it as a running, later failed, run. A dir holding anything else is kept."""
+    <job>.log) and genrec.train's record of its command (overrides.yaml), so no report lists it as a running, later
+    failed, run. A dir holding anything else is kept."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
@@ -460,7 +461,7 @@ def _forget_run_dir() -> None:
     out = Path(hydra.runtime.output_dir)
     if out.resolve() == Path.cwd().resolve():  # e.g. `genrec.report out=.`: never the folder the user works in
         return
-    if out.is_dir() and all(p.name in (".hydra", f"{hydra.job.name}.log") for p in out.iterdir()):
+    if out.is_dir() and all(p.name in (".hydra", f"{hydra.job.name}.log", "overrides.yaml") for p in out.iterdir()):
         shutil.rmtree(out, ignore_errors=True)
 
 

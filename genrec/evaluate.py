@@ -26,6 +26,7 @@ import lightning as L
 import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from genrec.cli import check_command_line
 from genrec.config_check import ConfigError, check, evaluate_keys, exit_if_invalid, refuse, with_eval
 from genrec.data.datamodule import SeqDataModule
 from genrec.data.readers.common import DataError
@@ -89,5 +90,6 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    check_command_line("evaluate")  # an override that does not compose: one line, exit 2
     torch.set_float32_matmul_precision("high")  # as genrec.train: the same float32 matmuls as the run
     main()

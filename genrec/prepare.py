@@ -19,6 +19,7 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from genrec.cli import check_command_line
 from genrec.config_check import exit_if_invalid, refuse
 from genrec.data.preprocess import SeqData, build_sequences, item_texts, leave_one_out, sliding_window
 from genrec.data.readers.common import DataError
@@ -133,4 +134,5 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    check_command_line("config")  # an override that does not compose: one line, exit 2
     main()

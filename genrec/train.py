@@ -32,7 +32,8 @@ from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from genrec.callbacks import Checkpoints, best_of
-from genrec.config_check import check, exit_if_invalid
+from genrec.cli import check_command_line
+from genrec.config_check import check, exit_if_invalid, refuse
 from genrec.data.datamodule import SeqDataModule
 from genrec.data.readers.common import DataError
 from genrec.eval.metrics import is_loss
@@ -324,6 +325,9 @@ def main(cfg: DictConfig) -> float | None:
     try:
         result = run(cfg)
     except BaseException as e:
+        close_wandb(exit_code=1)  # else the next sweep job in this process would log into this run
+        if isinstance(e, DataError) and not sweep and not (Path(cfg.run_dir) / "checkpoints").exists():
+            refuse(e)  # bad input before any training (data file, init_from, resume dir): one line, no run dir left
         # Recorded in the run dir (the report shows the cell as failed); in a sweep the
         # exception goes to Hydra, which runs the remaining jobs before it reports failures.
         if not isinstance(e, ResumeMismatch):
@@ -333,7 +337,6 @@ def main(cfg: DictConfig) -> float | None:
                 record["hint"] = hint
                 print(f"error: {hint}", file=sys.stderr)
             write_json(Path(cfg.run_dir) / "failed.json", record)
-        close_wandb(exit_code=1)  # else the next sweep job in this process would log into this run
         if isinstance(e, (DataError, NonFiniteLoss)) and not sweep:
             print(f"error: {e}", file=sys.stderr)
             sys.exit(2)
@@ -355,5 +358,6 @@ def release_process_group() -> None:
 atexit.register(release_process_group)  # every way this process ends, also under other Hydra launchers
 
 if __name__ == "__main__":
+    check_command_line("config")  # an override that does not compose: one line, exit 2
     torch.set_float32_matmul_precision("high")
     main()

@@ -199,6 +199,22 @@ def _cli(tmp_path: Path, module: str, *args: str) -> subprocess.CompletedProcess
     ("genrec.evaluate", ["ckpt=nowhere", "split=valid"], "error: split=valid: one of test, val"),  # as genrec.report
     # bad input found before any work: a missing run, a missing data file (no run dir left either)
     ("genrec.evaluate", ["ckpt=nowhere"], f"error: ckpt=nowhere: checkpoint {ROOT}/nowhere does not exist"),
+    # an override that does not compose (Hydra's own message: 5-15 lines, exit 1), also in a sweep and in every tool
+    ("genrec.train", ["experiment=tiny", "eval.bem=5"],
+     "error: eval.bem=5: no key eval.bem (did you mean eval.beam?); +eval.bem=5 adds one"),
+    ("genrec.train", ["-m", "experiment=tiny", "objective=ce,apoa"],
+     "error: objective=apoa: not an option of objective (did you mean apao?): apao, apao_pairwise, apao_pointwise, "
+     "bear, ce, msl, sdpo, sdpo_2stage, sdpo_bear_2stage"),
+    ("genrec.train", ["-m", "experiment=tiny", "eval.beam=5,6", "objective.beta=0.1"],
+     "error: objective.beta=0.1: no key objective.beta (objective has _target_, temperature, end_token); "
+     "+objective.beta=0.1 adds one"),
+    ("genrec.prepare", ["experiment=tiny", "eval.beam=5,2"],
+     "error: Ambiguous value for argument 'eval.beam=5,2' 1. To use it as a list, use key=[value1,value2] 2. To use "
+     "it as string, quote the value: key='value1,value2' 3. To sweep over it, add --multirun to your command line"),
+    ("genrec.evaluate", ["ckpt=nowhere", "splt=val"], "error: splt=val: no key splt (did you mean split?); +splt=val "
+                                                        "adds one"),
+    ("genrec.report", ["metric=[recall@10]"], "error: metric=[recall@10]: no key metric (did you mean metrics?); "
+                                               "+metric=[recall@10] adds one"),
     # a sweep stops before its first job: job 0 is fine, job 1 is not
     ("genrec.train", ["-m", "experiment=tiny", "eval.beam=5,2"],
      "error: eval.ks=[1, 5]: a non-empty list of integers from 1 to eval.beam (2)"),
@@ -211,6 +227,20 @@ def test_cli_prints_one_line_and_does_no_work(tmp_path, module, args, line):
     assert not (tmp_path / "data").exists()  # no data-stage work
     assert not (tmp_path / "sweep").exists() and not (tmp_path / "run" / "checkpoints").exists()
     assert not (tmp_path / "run").exists()  # no run dir left for a report to list as running, then failed
+
+
+@pytest.mark.parametrize("args,line", [
+    (["dataset=apao_office", "dataset.root=nowhere"], "error: missing data file nowhere/Office.inter.json (nor Office."
+     "inter.json.gz); set dataset.root or run `python -m genrec.download dataset=<name>`"),
+    (["init_from=nowhere"], "error: init_from=nowhere: checkpoint nowhere does not exist"),
+    (["resume=nowhere"], "error: resume=nowhere: no checkpoints/last.ckpt under nowhere"),
+])
+def test_train_on_missing_input_is_one_line_and_leaves_no_run_dir(tmp_path, args, line):
+    """genrec.train as genrec.prepare: a missing data file / start run / resume dir found before any training leaves
+    no run dir (a report would list it as a failed run), only the line."""
+    out = _cli(tmp_path, "genrec.train", "experiment=tiny", *args, f"hydra.run.dir={tmp_path}/run")
+    assert (out.returncode, out.stderr) == (2, line + "\n")
+    assert not (tmp_path / "run").exists()
 
 
 def test_a_missing_data_file_is_one_line_and_leaves_no_run_dir(tmp_path):

@@ -7,6 +7,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
+from genrec.cli import check_command_line
 from genrec.config_check import exit_if_invalid, refuse
 from genrec.report import report
 from genrec.report.page import rebuild_command
@@ -62,4 +63,5 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    check_command_line("report")  # an override that does not compose: one line, exit 2
     main()

@@ -1,0 +1,92 @@
+"""A command line that does not compose (an unknown key, a config group option that does not exist, a sweep value
+without `-m`) as one line, `error: <override>: ...`, and exit code 2, before Hydra starts (Hydra's own message
+spans 5-15 lines and exits 1). Every entry point calls `check_command_line(<its config name>)` first.
+
+    python -m genrec.train eval.bem=5       ->  error: eval.bem=5: no key eval.bem (did you mean eval.beam?)
+    python -m genrec.train objective=apoa   ->  error: objective=apoa: not an option of objective (did you mean
+                                                apao?): apao, apao_pairwise, apao_pointwise, bear, ce, ...
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import sys
+
+from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
+from omegaconf import DictConfig
+
+from genrec.config_check import CONF
+
+HYDRA_FLAGS = ("-m", "--multirun")  # any other flag (--cfg, --help, --config-name, ...) is left to Hydra
+
+
+def _compose(config_name: str, overrides: list[str]) -> DictConfig:
+    with initialize_config_dir(str(CONF), version_base="1.3"):
+        return compose(config_name, overrides=overrides)
+
+
+def _jobs(overrides: list[str]) -> list[list[str]]:
+    """The command lines to compose for a `-m` grid: each value of each swept key in at least one of them."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides(overrides)  # a bad override raises here, named
+    try:
+        grid = [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
+    except Exception:  # not a grid (e.g. Optuna's interval()): its fixed values only
+        return [[o.input_line for o in parsed if not o.is_sweep_override()]]
+    seen, chosen = set(), []
+    for job in grid:
+        if not set(job) <= seen:
+            chosen.append(job)
+            seen |= set(job)
+    return chosen or [[]]
+
+
+def one_line(config_name: str, overrides: list[str], error: Exception) -> str:
+    """Hydra's message for `error`, as one line naming the override."""
+    message = str(error).split("Config search path")[0]
+    if isinstance(error, MissingConfigException) and (m := re.search(r"Could not find '([^']+)/([^'/]+)'", message)):
+        group, option = m.group(1).replace("/", "."), m.group(2)
+        options = re.findall(r"^\t(\S+)$", message, flags=re.M)
+        close = difflib.get_close_matches(option, options, n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        given = next((o for o in overrides if o.lstrip("+~").split("=")[0] == group), f"{group}={option}")
+        return f"{given}: not an option of {group}{hint}: {', '.join(options)}"
+    if isinstance(error, ConfigCompositionException) and (m := re.match(r"Could not override '([^']+)'", message)):
+        key = m.group(1)
+        given = next((o for o in overrides if o.split("=")[0] == key), key)
+        if "/" in key:
+            return f"{given}: no config group {key}"
+        parent, _, name = key.rpartition(".")
+        try:
+            groups = [o for o in overrides if (CONF / o.lstrip("+").split("=")[0].replace(".", "/")).is_dir()]
+            node = _compose(config_name, groups)  # the config's shape: its group choices
+            for part in parent.split(".") if parent else []:
+                node = node[part]
+            keys = list(node.keys()) if isinstance(node, DictConfig) else []
+        except Exception:  # e.g. a bad group choice as well: the key alone
+            keys = []
+        close = difflib.get_close_matches(name, keys, n=1)
+        hint = (f" (did you mean {parent + '.' if parent else ''}{close[0]}?)" if close
+                else f" ({parent or 'the config'} has {', '.join(map(str, keys))})" if keys else "")
+        return f"{given}: no key {key}{hint}; +{given.lstrip('+')} adds one"
+    return " ".join(line.strip() for line in message.splitlines() if line.strip())
+
+
+def check_command_line(config_name: str, argv: list[str] | None = None) -> None:
+    """Compose `config_name` with the command line's overrides (each value of a `-m` grid once; `hydra.*` keys are
+    Hydra's own); one line and exit 2 if it does not compose."""
+    args = sys.argv[1:] if argv is None else argv
+    if any(a.startswith("-") and a not in HYDRA_FLAGS for a in args):
+        return
+    overrides = [a for a in args if a not in HYDRA_FLAGS and not a.lstrip("+~").startswith(("hydra.", "hydra/"))]
+    job = overrides
+    try:
+        for job in _jobs(overrides) if any(a in HYDRA_FLAGS for a in args) else [overrides]:
+            _compose(config_name, job)
+    except (ConfigCompositionException, MissingConfigException, OverrideParseException) as e:
+        print(f"error: {one_line(config_name, job, e)}", file=sys.stderr)
+        sys.exit(2)
