@@ -501,11 +501,12 @@ def compose_command(overrides: Sequence[str]) -> DictConfig:
 
 def verdict(overrides: list[str]) -> str:
     """`ok` or `error: ...` for genrec.train's config of one command line."""
+    from genrec.cli import one_line
+
     try:
         cfg = compose_command(overrides)
-    except Exception as e:  # a bad override: Hydra's own message names it (and lists a group's options)
-        message = str(e).split("Config search path")[0]
-        return "error: " + " ".join(line.strip() for line in message.splitlines() if line.strip())
+    except Exception as e:  # a bad override, named as the command line itself names it
+        return f"error: {one_line('config', overrides, e)}"
     bad = errors(cfg)
     return f"error: {bad[0]}" if bad else "ok"
 

@@ -317,8 +317,8 @@ def test_config_check_cli_gives_one_verdict_per_command_line(tmp_path):
     lines = out.stdout.splitlines()
     assert out.returncode == 2 and len(lines) == 4 and lines[0] == "ok", out.stderr
     assert lines[1].startswith("error: trainer.accumulate=8: APAO sets its prefix weights")
-    assert lines[2] == ("error: In 'config': Could not find 'objective/nope' Available options in 'objective': apao "
-                        "apao_pairwise apao_pointwise bear ce msl sdpo sdpo_2stage sdpo_bear_2stage")
+    assert lines[2] == ("error: objective=nope: not an option of objective: apao, apao_pairwise, apao_pointwise, bear, "
+                        "ce, msl, sdpo, sdpo_2stage, sdpo_bear_2stage")  # as the command line itself says it
     assert lines[3] == "error: eval.beam=0: an integer >= 1"  # (_cli's data_dir= joins the last command line)
     ok = _cli(tmp_path, "genrec.config_check", "experiment=office_cpu", "--", "trainer=gpu")
     assert (ok.returncode, ok.stdout) == (0, "ok\nok\n")  # a GPU command line checks on a CPU machine too
