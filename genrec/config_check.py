@@ -463,6 +463,11 @@ def _forget_run_dir() -> None:
         return
     if out.is_dir() and all(p.name in (".hydra", f"{hydra.job.name}.log", "overrides.yaml") for p in out.iterdir()):
         shutil.rmtree(out, ignore_errors=True)
+        cwd = Path.cwd().resolve()
+        for parent in out.resolve().parents:  # outputs/eval/ left empty by it, up to the working folder
+            if parent == cwd or cwd not in parent.parents or any(parent.iterdir()):
+                break
+            parent.rmdir()
 
 
 class SweepCheck(Callback):

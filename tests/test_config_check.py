@@ -300,6 +300,18 @@ def test_a_refused_report_into_the_working_folder_keeps_it(tmp_path):
     assert out.returncode == 2 and tmp_path.is_dir()
 
 
+def test_a_refused_command_in_a_fresh_folder_leaves_it_empty(tmp_path):
+    """At Hydra's default run dir (outputs/eval/<time>/ under the working folder) a refusal leaves no empty outputs/
+    folders behind either; folders that held something before stay."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-m", "genrec.evaluate", "ckpt=nowhere"], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=300, env=env)
+    assert out.returncode == 2 and list(tmp_path.iterdir()) == []
+    (tmp_path / "outputs" / "keep").mkdir(parents=True)
+    subprocess.run([sys.executable, "-m", "genrec.evaluate", "ckpt=nowhere"], cwd=tmp_path, timeout=300, env=env)
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == ["outputs", "outputs/keep"]
+
+
 def test_a_refused_command_keeps_a_run_dir_that_holds_a_run(tmp_path):
     """A bad override on an existing run's dir (e.g. a resume) removes nothing of it."""
     run = tmp_path / "run"
