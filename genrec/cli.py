@@ -13,29 +13,21 @@ import difflib
 import re
 import sys
 
-from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
 from omegaconf import DictConfig
 
-from genrec.config_check import CONF
+from genrec.config_check import CONF, compose_command, grid_jobs
 
 HYDRA_FLAGS = ("-m", "--multirun")  # any other flag (--cfg, --help, --config-name, ...) is left to Hydra
 
 
-def _compose(config_name: str, overrides: list[str]) -> DictConfig:
-    with initialize_config_dir(str(CONF), version_base="1.3"):
-        return compose(config_name, overrides=overrides)
-
-
 def _jobs(overrides: list[str]) -> list[list[str]]:
     """The command lines to compose for a `-m` grid: each value of each swept key in at least one of them."""
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     parsed = OverridesParser.create().parse_overrides(overrides)  # a bad override raises here, named
-    try:
-        grid = [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
-    except Exception:  # not a grid (e.g. Optuna's interval()): its fixed values only
+    grid = grid_jobs(parsed)
+    if grid is None:  # not a grid (e.g. Optuna's interval()): its fixed values only
         return [[o.input_line for o in parsed if not o.is_sweep_override()]]
     seen, chosen = set(), []
     for job in grid:
@@ -63,7 +55,7 @@ def one_line(config_name: str, overrides: list[str], error: Exception) -> str:
         parent, _, name = key.rpartition(".")
         try:
             groups = [o for o in overrides if (CONF / o.lstrip("+").split("=")[0].replace(".", "/")).is_dir()]
-            node = _compose(config_name, groups)  # the config's shape: its group choices
+            node = compose_command(groups, config_name)  # the config's shape: its group choices
             for part in parent.split(".") if parent else []:
                 node = node[part]
             keys = list(node.keys()) if isinstance(node, DictConfig) else []
@@ -83,10 +75,10 @@ def check_command_line(config_name: str, argv: list[str] | None = None) -> None:
     if any(a.startswith("-") and a not in HYDRA_FLAGS for a in args):
         return
     overrides = [a for a in args if a not in HYDRA_FLAGS and not a.lstrip("+~").startswith(("hydra.", "hydra/"))]
-    job = overrides
+    job = overrides  # what a parse error names (_jobs raises before any job)
     try:
         for job in _jobs(overrides) if any(a in HYDRA_FLAGS for a in args) else [overrides]:
-            _compose(config_name, job)
+            compose_command(job, config_name)
     except (ConfigCompositionException, MissingConfigException, OverrideParseException) as e:
         print(f"error: {one_line(config_name, job, e)}", file=sys.stderr)
         sys.exit(2)

@@ -475,7 +475,6 @@ class SweepCheck(Callback):
     sweepers choose values while they run, and each job checks its own config)."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
         from hydra.core.global_hydra import GlobalHydra
         from hydra.core.override_parser.overrides_parser import OverridesParser
 
@@ -483,25 +482,36 @@ class SweepCheck(Callback):
         params = [f"{k}={v}" for k, v in (config.hydra.sweeper.get("params") or {}).items()]
         overrides = params + list(config.hydra.overrides.task)
         try:
-            jobs = [job for batch in BasicSweeper.split_arguments(
-                OverridesParser.create(config_loader=loader).parse_overrides(overrides), None) for job in batch]
-        except Exception:  # not a grid (e.g. Optuna's interval()): check what is fixed already
+            jobs = grid_jobs(OverridesParser.create(config_loader=loader).parse_overrides(overrides)) or []
+        except Exception:  # not parsed here: check what is fixed already
             jobs = []
-        for job in jobs or [None]:
+        for job in jobs or [None]:  # not a grid (e.g. Optuna's interval()): what is fixed already
             exit_if_invalid(config if job is None else loader.load_sweep_config(config, job))
 
 
-def compose_command(overrides: Sequence[str]) -> DictConfig:
-    """genrec.train's config for a command line's overrides (hydra.* left out), unresolved; Hydra's exception
-    when it does not compose. Inside a Hydra app (python -m genrec.report) conf/ is already its config path."""
+def grid_jobs(parsed: list) -> list[list[str]] | None:
+    """The jobs (each a list of `key=value`) of the basic sweeper's grid over parsed overrides; None where they are
+    not a grid (e.g. Optuna's interval())."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+
+    try:
+        return [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
+    except Exception:
+        return None
+
+
+def compose_command(overrides: Sequence[str], config_name: str = "config") -> DictConfig:
+    """The config (genrec.train's; `config_name`: another tool's) for a command line's overrides (hydra.* left out),
+    unresolved; Hydra's exception when it does not compose. Inside a Hydra app (python -m genrec.report) conf/ is
+    already its config path."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
     args = [o for o in overrides if not o.lstrip("+~").startswith("hydra.")]
     if GlobalHydra.instance().is_initialized():
-        return compose("config", overrides=args)
+        return compose(config_name, overrides=args)
     with initialize_config_dir(str(CONF), version_base="1.3"):
-        return compose("config", overrides=args)
+        return compose(config_name, overrides=args)
 
 
 def verdict(overrides: list[str]) -> str:

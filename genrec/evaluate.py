@@ -62,7 +62,7 @@ def evaluate(cfg: DictConfig) -> dict:
     module.backbone.load_state_dict(load_backbone_state(ckpt))
     trainer = L.Trainer(accelerator=cfg.accelerator, devices=1, precision=run_cfg.trainer.precision,  # as the run
                         logger=False, enable_model_summary=False, use_distributed_sampler=False)
-    split = "test" if cfg.split == "test" else "val"  # the namespace of the run's own metrics (val/recall@10)
+    split = cfg.split  # test | val: the namespace of the run's own metrics (val/recall@10)
     loader = dm.test_dataloader if split == "test" else dm.val_dataloader
     trainer.test(module, dataloaders=loader(), verbose=False)  # the test step, on the chosen split
     metrics = {f"{split}/{k}": v for k, v in module.last_metrics["test"].items()}
@@ -75,7 +75,8 @@ def evaluate(cfg: DictConfig) -> dict:
     out = run_dir / "eval" / f"{split}-beam{beam}{scoring}{'-full' if full else ''}{other}.json"
     out.parent.mkdir(exist_ok=True)
     write_json(out, result)
-    module.write_ranks(out.with_suffix(".ranks.csv"), dm.splits["test" if split == "test" else "valid"])  # per user: genrec.report's paired test
+    examples = dm.splits["test" if split == "test" else "valid"]  # (the data stage names it `valid`)
+    module.write_ranks(out.with_suffix(".ranks.csv"), examples)  # per user: genrec.report's paired test
     return result
 
 
