@@ -8,6 +8,8 @@ import os
 import resource
 import signal
 import subprocess
+import time
+from pathlib import Path
 
 import pytest
 
@@ -23,9 +25,9 @@ def reproducible(metrics: dict) -> dict:
 
 def run_or_dump(cmd: list[str], timeout: float, env: dict | None = None, **kw) -> subprocess.CompletedProcess:
     """subprocess.run(cmd, capture_output=True, text=True) in its own process group (a DDP run's ranks too), which
-    is killed whole however the call ends. Past `timeout`, every process of the group first gets SIGABRT, which
-    faulthandler turns into each thread's Python stack on stderr, and the test fails with that stderr: where a hang
-    happened, not only that it did."""
+    is killed whole however the call ends. Past `timeout`, every process of the group first gets SIGABRT, one at a
+    time, which faulthandler turns into each thread's Python stack on stderr, and the test fails with the processes
+    and those stacks: where a hang happened, not only that it did."""
     env = {**(os.environ if env is None else env), "PYTHONFAULTHANDLER": "1"}
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True, preexec_fn=_no_core_files, **kw)
@@ -34,14 +36,40 @@ def run_or_dump(cmd: list[str], timeout: float, env: dict | None = None, **kw) -
             out, err = proc.communicate(timeout=timeout)
             return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
         except subprocess.TimeoutExpired:
-            _signal_group(proc, signal.SIGABRT)
+            listing = _abort_one_by_one(proc.pid)
             try:
                 out, err = proc.communicate(timeout=30)
             except subprocess.TimeoutExpired as e:  # something outside the group holds the pipes
                 err = (e.stderr or b"").decode(errors="replace") + "\n(its stderr is still held open)"
-            pytest.fail(f"{' '.join(cmd[:4])} ... hung for {timeout:.0f}s; its processes' stacks:\n{err[-20000:]}")
+            pytest.fail(f"{' '.join(cmd[:4])} ... hung for {timeout:.0f}s; its processes (pid ppid command), "
+                        f"aborted in this order:\n{listing}\ntheir stacks:\n{stacks(err)[-12000:]}")
     finally:
         _signal_group(proc, signal.SIGKILL)  # any rank left behind (a failed test, Ctrl-C, a pytest timeout)
+
+
+def stacks(stderr: str) -> str:
+    """The Python stacks faulthandler wrote into `stderr`, without the run's own lines and faulthandler's long
+    "Extension modules" lists (a CI log's tail then shows the stacks, not pandas' module names)."""
+    keep = ("Fatal Python error", "Thread 0x", "Current thread 0x", "  File ", "(its stderr")
+    return "\n".join(line for line in stderr.splitlines() if line.startswith(keep))
+
+
+def _abort_one_by_one(group: int) -> str:
+    """SIGABRT to each process of a process group in turn (parents first), a moment apart, so that their
+    faulthandler stacks do not interleave on the shared stderr; returns the processes, one line each."""
+    procs = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()  # after "pid (comm)": state ppid pgrp ...
+            if int(fields[2]) == group:
+                command = (stat.parent / "cmdline").read_bytes().decode(errors="replace")
+                command = " ".join(command.replace("\0", " ").split())
+                procs.append((int(stat.parent.name), int(fields[1]), command[:200]))
+    for pid, _, _ in sorted(procs):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGABRT)
+        time.sleep(0.5)
+    return "\n".join(f"{pid} {ppid} {command}" for pid, ppid, command in sorted(procs))
 
 
 def _no_core_files() -> None:  # the SIGABRT leaves no core dumps behind

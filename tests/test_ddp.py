@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -218,11 +219,18 @@ def test_length_window_one_gives_uniformly_random_batches(tmp_path):
 
 def test_a_hung_run_fails_with_every_process_stack():
     """run_or_dump (the DDP tests' subprocess runner): a run that outlives its timeout fails the test with the Python
-    stack of each of its processes, the launched child's too, as a hung rank would show it."""
-    child = "import time\ndef child_waits(): time.sleep(120)\nchild_waits()"
+    stack of each of its processes, the launched child's too, as a hung rank would show it; only the stacks, so a CI
+    log's tail shows them (not the run's own lines, nor faulthandler's list of loaded extension modules)."""
+    child = "import time, numpy\ndef child_waits(): time.sleep(120)\nchild_waits()"
     parent = (f"import subprocess, sys, time\nkid = subprocess.Popen([sys.executable, '-c', {child!r}])\n"
+              "print('a line of the run itself', file=sys.stderr, flush=True)\n"
               "def parent_waits(): time.sleep(120)\nparent_waits()")
     with pytest.raises(pytest.fail.Exception) as failed:
         run_or_dump([sys.executable, "-c", parent], timeout=10)  # room for both to start on a loaded machine
     assert "hung for 10s" in str(failed.value)
     assert "parent_waits" in str(failed.value) and "child_waits" in str(failed.value)
+    listing, shown = str(failed.value).split("their stacks:", 1)
+    assert "a line of the run itself" not in shown and "Extension modules" not in shown
+    assert "child_waits()" in listing.splitlines()[-1]  # the processes, parent first, as they were aborted
+    assert all(re.fullmatch(r'  File ".+", line \d+ in \S+', line) for line in shown.splitlines() if "File" in line)
+    assert shown.index("child_waits") > shown.index("parent_waits")  # one whole stack after the other
