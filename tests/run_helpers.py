@@ -13,6 +13,9 @@ from pathlib import Path
 
 import pytest
 
+# A gloo DDP run on CPU, as conf/trainer/ddp.yaml tells CPU users to start one: without DataLoader worker
+# processes (2 per rank under ddp.yaml's GPU defaults; with them, 2-4 ranks on 2 cores hung 2 of 3 full test runs).
+CPU_DDP = ("trainer=ddp", "trainer.accelerator=cpu", "trainer.num_workers=0")
 TIMINGS = ("seconds", "train_seconds", "peak_rss_gb", "peak_gpu_gb", "memory_estimate_gb", "checkpoint")
 
 

@@ -14,7 +14,7 @@ from hydra import compose, initialize_config_dir
 from genrec.data.datamodule import LengthBatches
 from genrec.lit import GenRec
 from genrec.train import run
-from run_helpers import run_or_dump
+from run_helpers import CPU_DDP, run_or_dump
 
 ROOT = Path(__file__).parents[1]
 
@@ -60,8 +60,8 @@ def test_gloo_ddp_more_ranks_than_batches_evaluates_every_user_once(tmp_path, va
     losses alone (trainer.validate=loss, experiment=apao_release_cpu) gathers them from every rank too."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     run_dir, data_dir = tmp_path / "run", tmp_path / "data"
-    out = run_or_dump([sys.executable, "-m", "genrec.train", "experiment=tiny", "trainer=ddp",
-                       "trainer.accelerator=cpu", "trainer.devices='4'", "trainer.precision=32-true",
+    out = run_or_dump([sys.executable, "-m", "genrec.train", "experiment=tiny", *CPU_DDP, "trainer.devices='4'",
+                       "trainer.precision=32-true",
                        "trainer.max_epochs=1", "optim.warmup=0", "trainer.batch_size=2048", "trainer.eval_batch_size=128",
                        f"hydra.run.dir={run_dir}", f"data_dir={data_dir}", f"trainer.validate={validate}",
                        *(["trainer.monitor=val/objective_loss", "trainer.monitor_mode=min"] if validate == "loss" else [])],
@@ -97,8 +97,8 @@ def test_gloo_ddp_selects_on_the_release_last_validation_batch(tmp_path):
 
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     run_dir, data_dir = tmp_path / "run", tmp_path / "data"
-    out = run_or_dump([sys.executable, "-m", "genrec.train", "experiment=tiny", "trainer=ddp",
-                       "trainer.accelerator=cpu", "trainer.devices=2", "trainer.precision=32-true",
+    out = run_or_dump([sys.executable, "-m", "genrec.train", "experiment=tiny", *CPU_DDP, "trainer.devices=2",
+                       "trainer.precision=32-true",
                        "trainer.max_epochs=2", "trainer.validate=loss", "objective.end_token=false",
                        "trainer.monitor=val/last_batch_loss@128", "trainer.monitor_mode=min",
                        f"hydra.run.dir={run_dir}", f"data_dir={data_dir}"],

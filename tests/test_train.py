@@ -11,7 +11,7 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from run_helpers import reproducible, run_or_dump
+from run_helpers import CPU_DDP, reproducible, run_or_dump
 
 from genrec.eval import metrics
 from genrec.train import run
@@ -44,6 +44,8 @@ def test_same_config_and_seed_give_identical_metrics(tmp_path):
     assert reproducible(a) == reproducible(b)
     c = run(config(tmp_path / "c", "trainer.max_epochs=1", "seed=7"))
     assert reproducible(c) != reproducible(a)
+    workers = run(config(tmp_path / "w", "trainer.max_epochs=1", "trainer.num_workers=2"))  # as on a GPU (gpu.yaml)
+    assert reproducible(workers) == reproducible(a)
 
 
 def test_the_last_epoch_is_validated_whatever_the_validation_interval(tmp_path, capsys):
@@ -71,8 +73,8 @@ def _train_cmd(run_dir: Path, data_dir: Path, *extra: str) -> list[str]:
 
 def test_ddp_two_cpu_processes_evaluate_every_user_once(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    out = run_or_dump(_train_cmd(tmp_path / "ddp", tmp_path / "data", "trainer=ddp", "trainer.accelerator=cpu",
-                                 "trainer.max_epochs=1"), cwd=ROOT, env=env, timeout=300)
+    out = run_or_dump(_train_cmd(tmp_path / "ddp", tmp_path / "data", *CPU_DDP, "trainer.max_epochs=1"), cwd=ROOT,
+                      env=env, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     m = json.loads((tmp_path / "ddp" / "metrics.json").read_text())
     assert m["test/users"] == 300 and m["val/users"] == 300
@@ -302,7 +304,7 @@ def test_a_ddp_rank_killed_leaves_failed_json_saying_a_peer_died(tmp_path):
     """Rank 0 is SIGKILLed mid-epoch (as an OOM kill ended it): rank 1 only sees gloo's "connection reset by
     peer", and its failed.json and stderr say that another process died first, where to look, how to resume."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "tests")}
-    out = run_or_dump(_train_cmd(tmp_path / "killed", tmp_path / "data", "trainer=ddp", "trainer.accelerator=cpu",
+    out = run_or_dump(_train_cmd(tmp_path / "killed", tmp_path / "data", *CPU_DDP,
                                  "objective._target_=rank_faults.KilledOnRankZero"), cwd=ROOT, env=env, timeout=300)
     assert out.returncode != 0
     failed = json.loads((tmp_path / "killed" / "failed.json").read_text())
@@ -315,7 +317,7 @@ def test_nan_loss_on_one_ddp_rank_stops_every_rank_with_the_error(tmp_path):
     """The loss turns NaN on rank 1 only: both ranks stop at the same step with the non-finite-loss error
     (a rank that raised alone left the other in a collective: a hang on NCCL, a peer error on gloo)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "tests")}
-    out = run_or_dump(_train_cmd(tmp_path / "nan", tmp_path / "data", "trainer=ddp", "trainer.accelerator=cpu",
+    out = run_or_dump(_train_cmd(tmp_path / "nan", tmp_path / "data", *CPU_DDP,
                                  "objective._target_=rank_faults.NanOnRankOne"), cwd=ROOT, env=env, timeout=300)
     assert out.returncode == 2, out.stderr[-3000:]
     assert "non-finite loss at epoch 0, by step 2" in out.stderr and "Traceback" not in out.stderr, out.stderr[-3000:]
