@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 # A gloo DDP run on CPU, as conf/trainer/ddp.yaml tells CPU users to start one: without DataLoader worker
-# processes (2 per rank under ddp.yaml's GPU defaults; with them, 2-4 ranks on 2 cores hung 2 of 3 full test runs).
+# processes (2 per rank under ddp.yaml's GPU defaults; with them, 2-4 ranks on 2 cores hung now and then in full
+# test runs: once in CI, once in a local run, never in ~90 runs of those commands alone).
 CPU_DDP = ("trainer=ddp", "trainer.accelerator=cpu", "trainer.num_workers=0")
 TIMINGS = ("seconds", "train_seconds", "peak_rss_gb", "peak_gpu_gb", "memory_estimate_gb", "checkpoint")
 
@@ -58,8 +59,9 @@ def stacks(stderr: str) -> str:
 
 
 def _abort_one_by_one(group: int) -> str:
-    """SIGABRT to each process of a process group in turn (parents first), a moment apart, so that their
-    faulthandler stacks do not interleave on the shared stderr; returns the processes, one line each."""
+    """SIGABRT to each process of a process group in turn (in pid order: parents first, as a rule), a moment
+    apart, so that their faulthandler stacks do not interleave on the shared stderr; returns the processes, one line
+    each."""
     procs = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         with contextlib.suppress(OSError):
