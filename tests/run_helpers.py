@@ -70,11 +70,12 @@ def _abort_one_by_one(group: int) -> str:
                 command = (stat.parent / "cmdline").read_bytes().decode(errors="replace")
                 command = " ".join(command.replace("\0", " ").split())
                 procs.append((int(stat.parent.name), int(fields[1]), command[:200]))
-    for pid, _, _ in sorted(procs):
+    procs.sort()
+    for pid, _, _ in procs:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGABRT)
         time.sleep(0.5)
-    return "\n".join(f"{pid} {ppid} {command}" for pid, ppid, command in sorted(procs))
+    return "\n".join(f"{pid} {ppid} {command}" for pid, ppid, command in procs)
 
 
 def _no_core_files() -> None:  # the SIGABRT leaves no core dumps behind
