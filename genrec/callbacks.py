@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import lightning as L
-from lightning.pytorch.callbacks import Callback, EarlyStopping, ModelCheckpoint
+from lightning.pytorch.callbacks import Callback, EarlyStopping, EMAWeightAveraging, ModelCheckpoint
 from lightning.pytorch.plugins import TorchCheckpointIO
 
 
@@ -55,6 +55,17 @@ class ValidateLastEpoch(Callback):
     def on_train_epoch_start(self, trainer: L.Trainer, module: L.LightningModule) -> None:
         if trainer.check_val_every_n_epoch and trainer.current_epoch == trainer.max_epochs - 1:
             trainer.check_val_every_n_epoch = 1
+
+
+class EMA(EMAWeightAveraging):
+    """Lightning's exponential moving average of the weights: validation, the checkpoints' state_dict (so best.ckpt,
+    the test and genrec.evaluate) see the average; training steps the raw weights, which checkpoints keep beside it
+    for resume. Lightning's callback (2.6) also puts the raw weights back when `trainer.test(ckpt_path=...)` loads
+    best.ckpt, so the run's test would score other weights than those selected: only fitting reloads them here."""
+
+    def on_load_checkpoint(self, trainer: L.Trainer, module: L.LightningModule, checkpoint: dict) -> None:
+        if trainer.state.fn == "fit":
+            super().on_load_checkpoint(trainer, module, checkpoint)
 
 
 def best_of(history: list[dict], monitor: str, mode: str) -> int | None:

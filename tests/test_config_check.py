@@ -146,7 +146,7 @@ GROUPS = {g: sorted(p.stem for p in (CONF / g).glob("*.yaml")) for g in ("backbo
 
 def test_every_shipped_config_passes_and_every_checked_key_exists():
     seen = set()
-    configs = [cfg(name="evaluate"), cfg("callbacks=[default,lr_monitor]"), *(cfg(f"experiment={p.stem}") for p in (CONF / "experiment").glob("*.yaml"))]
+    configs = [cfg(name="evaluate"), cfg("callbacks=[default,lr_monitor,ema]"), *(cfg(f"experiment={p.stem}") for p in (CONF / "experiment").glob("*.yaml"))]
     configs += [cfg(f"{group}={choice}", "init_from=x" if choice == "sdpo" else "seed=42")
                 for group, choices in GROUPS.items() for choice in choices]
     for c in configs:

@@ -66,6 +66,14 @@ def test_csv_logger_resumes_after_kills_anywhere(tmp_path):
     assert (killed / "logs" / "metrics.csv").read_text() == (full / "logs" / "metrics.csv").read_text()
 
 
+def test_resume_with_weight_averaging_continues_both_the_average_and_the_raw_weights(tmp_path):
+    """callbacks=[default,ema]: a checkpoint's state_dict holds the average, the raw weights ride beside it; killed
+    mid-epoch, inside validation (the average swapped in) and in the test, the run ends as if never killed."""
+    full, killed = kill_chain(tmp_path, [("train", 7), ("val", 1), ("test", 0)], "callbacks=[default,ema]",
+                              "callbacks.ema.decay=0.9")
+    assert stable(killed) == stable(full)
+
+
 def test_resume_after_early_stopping_does_not_train_on(tmp_path):
     # val/users never improves after epoch 0: with patience 1 the run stops after epoch 1 of 3.
     full, killed = kill_chain(tmp_path, [("test", 0)], "trainer.monitor=val/users", "trainer.patience=1")

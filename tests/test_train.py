@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+import lightning as L
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
@@ -298,6 +299,35 @@ def test_a_callback_is_one_yaml_in_conf_callbacks(tmp_path):
     # 3 steps, warm-up int(0.5 * 3) = 1 step: (0 + 1) / (1 + 1), then the cosine from 1 at progress 0 and 1/2
     assert lr.to_numpy().ravel().tolist() == pytest.approx([3e-3 * f for f in (0.5, 0.5, 1.0, 1.0, 0.5, 0.5)])
     assert (tmp_path / "run" / "checkpoints" / "best.ckpt").exists()
+
+
+class RecordSteps(L.Callback):
+    """The raw weights after each optimizer step (test helper: `+callbacks.record._target_=test_train.RecordSteps`)."""
+
+    steps: list[dict[str, torch.Tensor]] = []
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step > len(self.steps):
+            self.steps.append({k: p.detach().clone() for k, p in module.named_parameters()})
+
+
+def test_ema_weights_are_what_selection_checkpoints_and_the_test_see(tmp_path):
+    """callbacks=[default,ema]: best.ckpt holds the moving average of the weights after each optimizer step (checked
+    against that average computed here), and the run's test scores those weights, as genrec.evaluate of best.ckpt
+    does (Lightning's own callback reloads the raw weights for `trainer.test(ckpt_path=...)`)."""
+    RecordSteps.steps.clear()
+    r = run(config(tmp_path, "callbacks=[default,ema]", "callbacks.ema.decay=0.9", "trainer.max_epochs=2",
+                   "trainer.limit_train_batches=4", "+callbacks.record._target_=test_train.RecordSteps"))
+    assert r["best_epoch"] == 1 and len(RecordSteps.steps) == 8
+    average = dict(RecordSteps.steps[0])
+    for step in RecordSteps.steps[1:]:
+        average = {k: 0.9 * a + 0.1 * step[k] for k, a in average.items()}
+    saved = torch.load(tmp_path / "run" / "checkpoints" / "best.ckpt", map_location="cpu", weights_only=False)
+    for k, a in average.items():
+        torch.testing.assert_close(saved["state_dict"][k], a, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(saved["current_model_state"][k], RecordSteps.steps[-1][k])  # for resume
+    assert ranking(evaluate_tiny(tmp_path, str(tmp_path / "run" / "checkpoints" / "best.ckpt"))) == \
+        pytest.approx(ranking(r), rel=1e-5)
 
 
 def test_a_ddp_rank_killed_leaves_failed_json_saying_a_peer_died(tmp_path):
