@@ -3,7 +3,8 @@ kernel's out-of-memory killer hours in.
 
 Per process, a CPU step's peak resident memory is about
     base (this process now: data, model) + 3 x trainable weights (gradients, AdamW's two moments)
-    + DDP's gradient buckets (1 x, with several processes) + activations,
+    + DDP's gradient buckets (1 x, with several processes) + an averaged copy (1 x, callbacks=[default,ema])
+    + activations,
 where `activations` are the bytes autograd keeps for backward: measured by running the objective's forward
 (under the run's precision) on the k and 2k training examples with the longest histories and counting the
 distinct tensors it saves (`torch.autograd.graph.saved_tensors_hooks`); they grow linearly with the examples, so
@@ -110,9 +111,19 @@ def estimate(cfg: DictConfig, module, train_set, processes: int) -> Estimate:
         module.train(was_training)
     per_example = max(0.0, (large - small) / PROBE)
     trainable = sum(p.numel() * p.element_size() for p in module.parameters() if p.requires_grad)
-    return Estimate(base=resident_bytes(), weights=trainable * (3 + (processes > 1)),
+    copies = 3 + (processes > 1) + averaged(cfg)
+    return Estimate(base=resident_bytes(), weights=trainable * copies,
                     fixed=max(0.0, small - PROBE * per_example), per_example=per_example,
                     batch_size=int(cfg.trainer.batch_size))
+
+
+def averaged(cfg: DictConfig) -> int:
+    """How many averaged copies of the model the run's callbacks keep (Lightning's WeightAveraging: conf/callbacks/ema.yaml)."""
+    from hydra.utils import get_class
+    from lightning.pytorch.callbacks import WeightAveraging
+
+    return sum(issubclass(get_class(c._target_), WeightAveraging) for c in cfg.get("callbacks", {}).values()
+               if isinstance(c, DictConfig) and "_target_" in c)
 
 
 def shortfall(e: Estimate, processes: int, available: float | None) -> str | None:

@@ -69,6 +69,25 @@ def test_shortfall_names_the_batch_size_and_one_that_fits():
     assert memory.shortfall(e, 1, 16 * GB) is None and memory.shortfall(e, 2, None) is None  # unknown: no check
 
 
+class Probe:
+    """A training set of `TwoLayers` examples (memory.estimate reads its lengths and batches of its indices)."""
+
+    lengths = [1, 2, 3, 4, 5, 6, 7, 8]
+
+    def __getitem__(self, idx: list[int]) -> dict:
+        return {"x": torch.randn(len(idx), 3)}
+
+
+def test_weight_averaging_counts_one_more_copy_of_the_weights():
+    """callbacks=[default,ema] keeps an averaged copy of the model (conf/callbacks/ema.yaml)."""
+    with initialize_config_dir(CONF, version_base="1.3"):
+        plain, ema = (compose("config", overrides=["experiment=tiny", *extra]) for extra in ([], ["callbacks=[default,ema]"]))
+    m, weights = TwoLayers(), (3 * 5 + 5 * 2) * 4
+    assert memory.estimate(plain, m, Probe(), 1).weights == 3 * weights  # gradients, AdamW's two moments
+    assert memory.estimate(ema, m, Probe(), 1).weights == 4 * weights
+    assert memory.estimate(ema, m, Probe(), 2).weights == 5 * weights  # + DDP's gradient buckets
+
+
 def config(tmp_path: Path, *overrides: str):
     with initialize_config_dir(CONF, version_base="1.3"):
         return compose("config", overrides=["experiment=tiny", "objective=apao_pairwise", "trainer.max_epochs=1",
