@@ -6,8 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pandas as pd
 import lightning as L
+import pandas as pd
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
