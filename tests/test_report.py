@@ -527,3 +527,34 @@ def test_a_baseline_no_row_has_is_named_in_the_notes(tmp_path):
     assert "baseline=sft: no row of that objective (rows: APAO-pointwise, CE): no gains" in s["notes"]
     assert all(c["gain"] is None for c in s["cells"])
     assert not any("baseline=" in n for n in rep.report([tmp_path], tmp_path / "out2", ["recall@10"])["notes"])
+
+
+def test_a_sweep_compares_configs_on_the_seeds_they_share(tmp_path):
+    """A config run on 3 seeds against a grid point run on seed 1 alone: the report compares them on seed 1
+    (a 3-seed mean against one seed would favour the noisier single run), then shows the chosen config with
+    all its seeds."""
+    val = {(0.3, 1): 0.046, (0.3, 2): 0.040, (0.3, 3): 0.040, (0.1, 1): 0.044}  # 0.3: mean 0.042, seed 1 0.046
+    for (beta, seed), v in val.items():
+        write_run(tmp_path / f"b{beta}-s{seed}", "beauty", "tiger", {**OBJECTIVES["pointwise"], "beta": beta}, seed,
+                  {"test/recall@10": beta + seed / 100, "val/ndcg@10": v, "history": []})
+    s = rep.report([tmp_path], tmp_path / "out", ["recall@10"])
+    sel = next(x for x in s["selected"] if x["objective"] == "APAO-pointwise")
+    assert sel["objective_params"]["objective.beta"] == 0.3 and len(sel["runs"]) == 3
+    assert sel["score"] == pytest.approx(0.046)
+    cell = next(c for c in s["cells"] if c["objective"] == "APAO-pointwise")
+    assert cell["mean"] == pytest.approx(0.3 + 0.02) and cell["n"] == 3
+    assert ("beauty/tiger/APAO-pointwise: best of 2 configs on val/ndcg@10 over seed 1, the seeds they share: "
+            "objective.beta=0.3") in s["notes"]
+
+    write_run(tmp_path / "b0.1-s2", "beauty", "tiger", {**OBJECTIVES["pointwise"], "beta": 0.1}, 2,
+              {"test/recall@10": 0.12, "val/ndcg@10": 0.043, "history": []})  # seeds 1-2: 0.1 ahead (0.0435 > 0.043)
+    s = rep.report([tmp_path], tmp_path / "out2", ["recall@10"])
+    sel = next(x for x in s["selected"] if x["objective"] == "APAO-pointwise")
+    assert sel["objective_params"]["objective.beta"] == 0.1 and len(sel["runs"]) == 2
+
+    write_run(tmp_path / "b0.5-s4", "beauty", "tiger", {**OBJECTIVES["pointwise"], "beta": 0.5}, 4,
+              {"test/recall@10": 0.5, "val/ndcg@10": 0.0425, "history": []})  # no seed in common: all seeds' means
+    s = rep.report([tmp_path], tmp_path / "out3", ["recall@10"])
+    sel = next(x for x in s["selected"] if x["objective"] == "APAO-pointwise")
+    assert sel["objective_params"]["objective.beta"] == 0.1 and sel["score"] == pytest.approx(0.0435)
+    assert "beauty/tiger/APAO-pointwise: best of 3 configs on val/ndcg@10: objective.beta=0.1" in s["notes"]

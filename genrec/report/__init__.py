@@ -8,8 +8,8 @@ over seeds), gain (%) of the mean over the `baseline` row of the same backbone, 
 per column within each backbone in bold; with `paper` (reference numbers), a "paper <metric>" column
 beside each metric that has one, with the reference's own gain over its baseline row. Several
 configurations of one objective on one dataset and backbone (a β × η sweep) are reduced to the one with
-the best mean validation score (each run's `trainer.monitor`, or `select`), as the papers tune on
-validation; the sweep itself becomes a sensitivity plot. Runs of another experiment preset (`tags`) than
+the best mean validation score (each run's `trainer.monitor`, or `select`) on the seeds they all ran, as
+the papers tune on validation; the sweep itself becomes a sensitivity plot. Runs of another experiment preset (`tags`) than
 the most common one are rows of their own, "CE [apao_release]", with the reference numbers of "CE". A run
 dir without metrics.json is a `failed` cell if it has failed.json or was last touched more than
 `stale_minutes` ago, else `running`. Writes table.md, table.tex, table.csv (wide, as shown), cells.csv
@@ -34,7 +34,7 @@ from genrec.report.figures import diagnostic_plots, sensitivity_plots
 from genrec.report.load import BACKBONE_NAMES, Run, base_label, load_runs, mark_recipes, objective_label  # noqa: F401
 from genrec.report.page import write_page
 from genrec.report.paired import paired
-from genrec.report.select import choose, group, varying
+from genrec.report.select import choose, group, shared_seeds, sortable, varying
 from genrec.report.table import Reference, cells, text, write_tables
 from genrec.runs import write_text
 
@@ -59,6 +59,7 @@ def report(runs: Sequence[str | Path], out: str | Path, metrics: Sequence[str] =
     order = {r.label: r.order for r in found}
     groups = group(found)
     chosen = {k: choose(v, select) for k, v in groups.items()}
+    scored_on = {k: shared_seeds(v) for k, v in groups.items()}
     df = cells(chosen, order, metrics, split, baseline, paper)
     files = write_tables(out, df)
     drawn = [(d, b, p) for d, b in sorted({(d, b) for d, b, _ in chosen})
@@ -78,7 +79,10 @@ def report(runs: Sequence[str | Path], out: str | Path, metrics: Sequence[str] =
         tried = [x for x in groups[(d, b, lab)] if x.runs]
         if len(tried) > 1 and v.runs:
             picked = ", ".join(f"{k}={v.flat.get(k)}" for k in varying(tried))
-            notes.append(f"{d}/{b}/{lab}: best of {len(tried)} configs on {select or v.runs[0].monitor}: {picked}")
+            seeds = scored_on[(d, b, lab)]
+            over = (f" over seed{'s' * (len(seeds) > 1)} {', '.join(map(str, sorted(seeds, key=sortable)))}, the "
+                    "seeds they share" if seeds and any({r.seed for r in x.runs} != seeds for x in tried) else "")
+            notes.append(f"{d}/{b}/{lab}: best of {len(tried)} configs on {select or v.runs[0].monitor}{over}: {picked}")
     labels = sorted({base_label(lab) for _, _, lab in chosen})
     if chosen and baseline.lower() not in map(str.lower, labels):
         notes.append(f"baseline={baseline}: no row of that objective (rows: {', '.join(labels)}): no gains")
@@ -95,7 +99,8 @@ def report(runs: Sequence[str | Path], out: str | Path, metrics: Sequence[str] =
         "rows": [{"backbone": b, "objective": lab} for b, lab in dict.fromkeys(zip(df.backbone, df.objective))],
         "columns": [{"dataset": d, "metric": m} for d, m in dict.fromkeys(zip(df.dataset, df.metric))],
         "cells": [{**c, "text": text(row)} for c, row in zip(records, df.itertuples())],
-        "selected": [{"dataset": d, "backbone": b, "objective": lab, "score": v.score(select) if v.runs else None,
+        "selected": [{"dataset": d, "backbone": b, "objective": lab,
+                      "score": v.score(select, scored_on[(d, b, lab)]) if v.runs else None,
                       "objective_params": {k: v.flat[k] for k in v.flat if k.startswith("objective.")},
                       "runs": [str(r.path) for r in v.runs], "variants": len(groups[(d, b, lab)])}
                      for (d, b, lab), v in sorted(chosen.items())],

@@ -29,11 +29,12 @@ class Variant:
         v = self.values(key)
         return statistics.fmean(v) if v else math.nan
 
-    def score(self, select: str | None) -> float:
-        """Mean validation score, higher is better (a loss is negated). A variant's runs share one
-        config, so one monitor."""
+    def score(self, select: str | None, seeds: set | None = None) -> float:
+        """Mean validation score over `seeds` (default: all its seeds), higher is better (a loss is negated).
+        A variant's runs share one config, so one monitor."""
         key = select or (self.runs[0].monitor if self.runs else "")
-        v = self.values(key)
+        v = [r.values[key] for r in self.runs
+             if isinstance(r.values.get(key), (int, float)) and (seeds is None or r.seed in seeds)]
         return (-1 if lower_is_better(key) else 1) * statistics.fmean(v) if v else -math.inf
 
 
@@ -64,8 +65,18 @@ def varying(variants: list[Variant]) -> list[str]:
     return [k for k in keys if len({json.dumps(v.flat.get(k), default=str) for v in variants}) > 1]
 
 
+def shared_seeds(variants: list[Variant]) -> set | None:
+    """The seeds every finished variant ran; None when they share none (or there is none)."""
+    sets = [{r.seed for r in v.runs} for v in variants if v.runs]
+    return set.intersection(*sets) if sets and set.intersection(*sets) else None
+
+
 def choose(variants: list[Variant], select: str | None) -> Variant:
-    return max(variants, key=lambda v: (bool(v.runs), v.score(select)))
+    """The variant with the best validation score on the seeds all of them ran (a grid point run on one seed
+    against a setting run on three: a 3-seed mean against one seed would favour the noisier), on all of each
+    one's seeds when they share none. Its table cell then shows all its seeds."""
+    seeds = shared_seeds(variants)
+    return max(variants, key=lambda v: (bool(v.runs), v.score(select, seeds)))
 
 
 def baseline_cell(chosen: dict[Cell, Variant], cell: Cell, baseline: str) -> Cell | None:
