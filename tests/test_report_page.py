@@ -5,6 +5,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -237,3 +238,30 @@ def test_scoring_section_says_how_to_fill_it_when_no_run_was_re_evaluated_under_
     text = section((tmp_path / "p.md").read_text(), "Scoring")
     assert "No run has a full-rank re-evaluation under another scoring yet" in text
     assert "python -m genrec.evaluate ckpt=<run dir> eval.score=masked eval.temperature=1 eval.full_rank=true" in text
+
+
+def test_grid_section_lists_each_configuration_on_the_seeds_they_share(tmp_path):
+    """A setting run on seeds 42-44 and a grid point on 42 alone: each line's validation score and test numbers
+    are its seed-42 numbers (what selection compared), the shown one ticked; one configuration: a plain line."""
+    val = {(0.3, 42): 0.046, (0.3, 43): 0.040, (0.3, 44): 0.040, (0.1, 42): 0.044}
+    for (beta, seed), v in val.items():
+        write_run(tmp_path / "runs" / f"b{beta}-s{seed}", "office", "tiger", {**POINTWISE, "beta": beta}, seed,
+                  {"test/recall@10": beta / 5 + seed / 1000, "test/ndcg@10": beta / 10, "val/ndcg@10": v,
+                   "history": []}, extra={**OFFICE, "protocol": {"prefix_weights": "released"}})
+    write_run(tmp_path / "runs" / "ce", "office", "tiger", OBJECTIVES["ce"], 42,
+              {"test/recall@10": 0.05, "test/ndcg@10": 0.02, "val/ndcg@10": 0.04, "history": []}, extra=OFFICE)
+    (tmp_path / "intro.md").write_text("grid\n")
+    page = tmp_path / "office.md"
+    rep.report([tmp_path / "runs"], tmp_path / "out", ["recall@10", "ndcg@10"], page=page, page_intro=tmp_path / "intro.md")
+    rows = table(section(page.read_text(), "Grid on validation"))
+    assert [(r["Objective"], r["Setting"], r["Seeds run"], r["Compared on"], r["Shown"]) for r in rows] == [
+        ("APAO-pointwise", "beta=0.1", "42", "42", ""), ("APAO-pointwise", "beta=0.3", "42,43,44", "42", "✓")]
+    for r, beta in zip(rows, (0.1, 0.3)):
+        assert r["val/ndcg@10 (selects)"] == f"{val[(beta, 42)]:.4f}"
+        assert r["test recall@10"] == f"{beta / 5 + 0.042:.4f}" and r["test ndcg@10"] == f"{beta / 10:.4f}"
+    assert table(section(page.read_text(), "Table"))[1]["Seeds"] == "3"  # the shown setting keeps all its seeds
+
+    for p in (tmp_path / "runs").glob("b0.1-*"):
+        shutil.rmtree(p)
+    rep.report([tmp_path / "runs"], tmp_path / "out", ["recall@10"], page=page, page_intro=tmp_path / "intro.md")
+    assert section(page.read_text(), "Grid on validation").strip().endswith("Every row ran one configuration.")

@@ -110,8 +110,8 @@ def report(runs: Sequence[str | Path], out: str | Path, metrics: Sequence[str] =
     }
     if page:
         figures = [x for x in drawn if x[2].name.startswith(("prefix_recall", "pruning_rate"))]
-        write_page(Path(page), Path(page_intro).read_text() if page_intro else "", df, chosen, order, split, baseline,
-                   figures, summary, rebuild, pairs)
+        write_page(Path(page), Path(page_intro).read_text() if page_intro else "", df, groups, chosen, order, split,
+                   baseline, select, figures, summary, rebuild, pairs)
         summary["page"] = str(page)
     write_text(out / "summary.json", json.dumps(summary, indent=1, default=str))
     return summary

@@ -3,6 +3,7 @@ cost, the commands that rerun every run and rebuild the page, and the report's n
 
 from __future__ import annotations
 
+import math
 import os
 import shlex
 import statistics
@@ -11,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 
 from genrec.report.load import BACKBONE_NAMES, Run, overrides_of
-from genrec.report.select import Cell, Variant, baseline_cell
+from genrec.report.select import Cell, Variant, baseline_cell, shared_seeds, sortable, varying
 from genrec.report.table import cells, flat, markdown
 from genrec.runs import write_text
 
@@ -39,7 +40,8 @@ def rerun_command(r: Run) -> str:
 
 
 def _num(x, spec: str) -> str:
-    return format(x, spec) if isinstance(x, (int, float)) and not isinstance(x, bool) else "—"
+    ok = isinstance(x, (int, float)) and not isinstance(x, bool) and not math.isnan(x)
+    return format(x, spec) if ok else "—"
 
 
 def per_epoch(r: Run) -> float | None:
@@ -96,6 +98,29 @@ def scoring_rows(chosen: dict[Cell, Variant], rows: list[Cell], metrics: list[st
     return pd.DataFrame(table)
 
 
+def grid_rows(groups: dict[Cell, list[Variant]], chosen: dict[Cell, Variant], order: dict[str, float],
+              select: str | None, metrics: list[str], split: str) -> pd.DataFrame:
+    """Every row that ran several configurations (a β × η grid): one line per configuration, its validation
+    score on the seeds all of them ran (what selection compared: select.choose) and, beside it, its `split`
+    metrics on the same seeds, which selection never reads."""
+    table = []
+    for c in sorted(groups, key=lambda c: (c[0], c[1], order.get(c[2], 0.0), c[2])):
+        tried = [v for v in groups[c] if v.runs]
+        if len(tried) < 2:
+            continue
+        seeds, keys = shared_seeds(tried), varying(tried)
+        for v in sorted(tried, key=lambda v: [sortable(v.flat.get(k)) for k in keys]):
+            on = Variant([r for r in v.runs if seeds is None or r.seed in seeds], [], v.flat)
+            monitor = select or v.runs[0].monitor
+            table.append({**_name(*c), "Setting": ", ".join(f"{k.removeprefix('objective.')}={v.flat.get(k)}" for k in keys),
+                          "Seeds run": ",".join(str(r.seed) for r in v.runs),
+                          "Compared on": ",".join(str(r.seed) for r in on.runs),
+                          f"{monitor} (selects)": _num(on.mean(monitor), ".4f"),
+                          **{f"{split} {m}": _num(on.mean(f"{split}/{m}"), ".4f") for m in metrics},
+                          "Shown": "✓" if v is chosen[c] else ""})
+    return pd.DataFrame(table)
+
+
 def paired_rows(pairs: pd.DataFrame) -> pd.DataFrame:
     """paired.py's table as the page shows it."""
     def seeds(x: list) -> str:
@@ -106,16 +131,17 @@ def paired_rows(pairs: pd.DataFrame) -> pd.DataFrame:
                           "p": f"{r.p:.3f}" if r.p >= 0.001 else "<0.001"} for r in pairs.itertuples()])
 
 
-def write_page(path: Path, intro: str, df: pd.DataFrame, chosen: dict[Cell, Variant],
-               order: dict[str, float], split: str, baseline: str, figures: list[tuple[str, str, Path]],
-               summary: dict, rebuild: str | None, pairs: pd.DataFrame) -> None:
-    """The page at `path`: `df` is the report's table (cells), `figures` its PNGs as (dataset, backbone, file),
-    `pairs` paired.py's table."""
+def write_page(path: Path, intro: str, df: pd.DataFrame, groups: dict[Cell, list[Variant]],
+               chosen: dict[Cell, Variant], order: dict[str, float], split: str, baseline: str, select: str | None,
+               figures: list[tuple[str, str, Path]], summary: dict, rebuild: str | None, pairs: pd.DataFrame) -> None:
+    """The page at `path`: `df` is the report's table (cells), `groups` every row's configurations and `chosen`
+    the one each row shows, `figures` its PNGs as (dataset, backbone, file), `pairs` paired.py's table."""
     shown = sorted(chosen, key=lambda c: (c[0], c[1], order.get(c[2], 0.0), c[2]))
     rows = [c for c in shown if chosen[c].runs]
     base, n = baseline.upper(), summary["runs"]
     metrics = [m for m in dict.fromkeys(df["metric"]) if m not in PRUNING]
     scoring = scoring_rows(chosen, rows, metrics + PRUNING, split)
+    grid = grid_rows(groups, chosen, order, select, metrics, split)
     steps = sorted({k.split("/", 1)[1] for c in rows for r in chosen[c].runs for k in r.values
                     if k.startswith(f"{split}/prefix_recall@")}, key=lambda m: int(m.rsplit("@", 1)[1]))
     lines = [f"# Results: {', '.join(sorted({d for d, _, _ in chosen}))}", "", intro.rstrip(), "",
@@ -126,6 +152,10 @@ def write_page(path: Path, intro: str, df: pd.DataFrame, chosen: dict[Cell, Vari
              "their gain over the paper's own baseline. A row \"[preset]\" was trained with another preset than the "
              "rest (its objectives are compared with that preset's CE, never across presets).",
              "", markdown(flat(df)),
+             "## Grid on validation", "", "Rows that ran several configurations of their objective: each one's "
+             "validation score on the seeds all of them ran, which picks the one the tables show (✓), and beside it "
+             f"its {split} numbers on the same seeds, which the choice never reads.", "",
+             markdown(grid, 4) if len(grid) else "Every row ran one configuration.\n",
              "## Prefix recall per beam step", "", f"{CAPTIONS['prefix_recall']} (APAO's claim: its gain over {base} "
              f"grows along the beam); mean ± std over seeds, in brackets the change vs {base} at that step.", "",
              markdown(flat(cells(chosen, order, steps, split, baseline))) if steps else "No run has prefix recall.\n",
