@@ -47,6 +47,13 @@ def one_line(config_name: str, overrides: list[str], error: Exception) -> str:
         hint = f" (did you mean {close[0]}?)" if close else ""
         given = next((o for o in overrides if o.lstrip("+~").split("=")[0] == group), f"{group}={option}")
         return f"{given}: not an option of {group}{hint}: {', '.join(options)}"
+    if isinstance(error, MissingConfigException) and (m := re.search(r"Could not load '([^']+)/([^'/]+)'", message)):
+        group, option = m.group(1), m.group(2)  # one option of a list (callbacks=[default,emaa])
+        options = sorted(f.stem for f in (CONF / group).glob("*.yaml"))
+        close = difflib.get_close_matches(option, options, n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        given = next((o for o in overrides if o.lstrip("+~").split("=")[0] == group.replace("/", ".")), group)
+        return f"{given}: {option} is not an option of {group.replace('/', '.')}{hint}: {', '.join(options)}"
     if isinstance(error, ConfigCompositionException) and (m := re.match(r"Could not override '([^']+)'", message)):
         key = m.group(1)
         given = next((o for o in overrides if o.split("=")[0] == key), key)

@@ -205,6 +205,9 @@ def _cli(tmp_path: Path, module: str, *args: str) -> subprocess.CompletedProcess
     ("genrec.train", ["-m", "experiment=tiny", "objective=ce,apoa"],
      "error: objective=apoa: not an option of objective (did you mean apao?): apao, apao_pairwise, apao_pointwise, "
      "bear, ce, msl, sdpo, sdpo_2stage, sdpo_bear_2stage"),
+    ("genrec.train", ["experiment=tiny", "callbacks=[default,emaa]"],  # a list of options (Hydra: "Could not load")
+     "error: callbacks=[default,emaa]: emaa is not an option of callbacks (did you mean ema?): checkpoints, default, "
+     "early_stopping, ema, epoch_log, lr_monitor, validate_last_epoch"),
     ("genrec.train", ["-m", "experiment=tiny", "eval.beam=5,6", "objective.beta=0.1"],
      "error: objective.beta=0.1: no key objective.beta (objective has _target_, temperature, end_token); "
      "+objective.beta=0.1 adds one"),
