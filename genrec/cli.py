@@ -40,20 +40,16 @@ def _jobs(overrides: list[str]) -> list[list[str]]:
 def one_line(config_name: str, overrides: list[str], error: Exception) -> str:
     """Hydra's message for `error`, as one line naming the override."""
     message = str(error).split("Config search path")[0]
-    if isinstance(error, MissingConfigException) and (m := re.search(r"Could not find '([^']+)/([^'/]+)'", message)):
-        group, option = m.group(1).replace("/", "."), m.group(2)
-        options = re.findall(r"^\t(\S+)$", message, flags=re.M)
+    if isinstance(error, MissingConfigException) and (m := re.search(r"Could not (find|load) '([^']+)/([^'/]+)'",
+                                                                      message)):
+        listed, group, option = m.group(1) == "load", m.group(2), m.group(3)  # load: one option of a list
+        options = (sorted(f.stem for f in (CONF / group).glob("*.yaml")) if listed
+                   else re.findall(r"^\t(\S+)$", message, flags=re.M))
+        group = group.replace("/", ".")
         close = difflib.get_close_matches(option, options, n=1)
         hint = f" (did you mean {close[0]}?)" if close else ""
         given = next((o for o in overrides if o.lstrip("+~").split("=")[0] == group), f"{group}={option}")
-        return f"{given}: not an option of {group}{hint}: {', '.join(options)}"
-    if isinstance(error, MissingConfigException) and (m := re.search(r"Could not load '([^']+)/([^'/]+)'", message)):
-        group, option = m.group(1), m.group(2)  # one option of a list (callbacks=[default,emaa])
-        options = sorted(f.stem for f in (CONF / group).glob("*.yaml"))
-        close = difflib.get_close_matches(option, options, n=1)
-        hint = f" (did you mean {close[0]}?)" if close else ""
-        given = next((o for o in overrides if o.lstrip("+~").split("=")[0] == group.replace("/", ".")), group)
-        return f"{given}: {option} is not an option of {group.replace('/', '.')}{hint}: {', '.join(options)}"
+        return f"{given}: {option + ' is ' if listed else ''}not an option of {group}{hint}: {', '.join(options)}"
     if isinstance(error, ConfigCompositionException) and (m := re.match(r"Could not override '([^']+)'", message)):
         key = m.group(1)
         given = next((o for o in overrides if o.split("=")[0] == key), key)

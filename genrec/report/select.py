@@ -68,7 +68,7 @@ def varying(variants: list[Variant]) -> list[str]:
 def shared_seeds(variants: list[Variant]) -> set | None:
     """The seeds every finished variant ran; None when they share none (or there is none)."""
     sets = [{r.seed for r in v.runs} for v in variants if v.runs]
-    return set.intersection(*sets) if sets and set.intersection(*sets) else None
+    return (set.intersection(*sets) if sets else set()) or None
 
 
 def choose(variants: list[Variant], select: str | None) -> Variant:
