@@ -11,6 +11,8 @@ import lightning as L
 from lightning.pytorch.callbacks import Callback, EarlyStopping, EMAWeightAveraging, ModelCheckpoint
 from lightning.pytorch.plugins import TorchCheckpointIO
 
+from genrec.models.dropout import set_dropout
+
 
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Writes each checkpoint to `.<name>.tmp` and renames it into place: a kill while writing
@@ -55,6 +57,18 @@ class ValidateLastEpoch(Callback):
     def on_train_epoch_start(self, trainer: L.Trainer, module: L.LightningModule) -> None:
         if trainer.check_val_every_n_epoch and trainer.current_epoch == trainer.max_epochs - 1:
             trainer.check_val_every_n_epoch = 1
+
+
+class LateDropout(Callback):
+    """Late dropout (Liu et al. 2023, "Dropout Reduces Underfitting"): the backbone trains without dropout for its
+    first `start_epoch` epochs (an underfitting model learns faster, and a step without masks is cheaper), then
+    with rate p to the end. Set at each epoch's start from the epoch number, so a resumed run continues it."""
+
+    def __init__(self, start_epoch: int, p: float) -> None:
+        self.start_epoch, self.p = start_epoch, p
+
+    def on_train_epoch_start(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+        set_dropout(module.backbone, 0.0 if trainer.current_epoch < self.start_epoch else float(self.p))
 
 
 class EMA(EMAWeightAveraging):

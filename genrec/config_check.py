@@ -167,6 +167,8 @@ CHECKS: dict[str, tuple[Check, str]] = {
     "optim.cooldown": number(gt=0, le=1),
     "callbacks.ema.decay": number(ge=0, lt=1),  # conf/callbacks/ema.yaml
     "callbacks.ema.update_starting_at_step": or_null(integer(0)),
+    "callbacks.late_dropout.start_epoch": integer(0),  # conf/callbacks/late_dropout.yaml
+    "callbacks.late_dropout.p": number(ge=0, lt=1),
     "split": one_of("test", "val"),  # genrec.evaluate (val: as the run's own val/ metrics and genrec.report's split)
     "batch_size": POSITIVE,  # genrec.evaluate
 }

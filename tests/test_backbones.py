@@ -452,3 +452,26 @@ def test_llama_refuses_heads_that_do_not_fit(hidden, heads, kv):
     with pytest.raises(ValueError, match="even head size"):
         Llama(vocab_size=20, max_positions=16, hidden_size=hidden, num_layers=1, num_heads=heads, num_kv_heads=kv,
               intermediate_size=16)
+
+
+@pytest.mark.parametrize("name", ["tiger", "llama"])
+def test_set_dropout_switches_every_dropout_of_the_backbone(name):
+    """`set_dropout(model, 0)` (callbacks.late_dropout's first epochs): training-mode logits equal eval-mode logits
+    (no dropout left anywhere, the hand-written encoder blocks included); set back, they differ again."""
+    from genrec.models.dropout import set_dropout
+
+    model, b = make(name, dropout=0.3), batch()
+    prefix = random_prefix(5, 6, 2, seed=3)
+
+    def logits(train: bool) -> torch.Tensor:
+        model.train(train)
+        torch.manual_seed(1)
+        return model.prefix_logits(model.encode(b["history"], b["mask"]), prefix)
+
+    evaluated = logits(False)
+    assert not torch.allclose(logits(True), evaluated)
+    set_dropout(model, 0.0)
+    torch.testing.assert_close(logits(True), evaluated, atol=1e-10, rtol=0)
+    set_dropout(model, 0.3)
+    assert not torch.allclose(logits(True), evaluated)
+    assert {m.p for m in model.modules() if isinstance(getattr(m, "p", None), float)} == {0.3}

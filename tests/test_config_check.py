@@ -146,7 +146,7 @@ GROUPS = {g: sorted(p.stem for p in (CONF / g).glob("*.yaml")) for g in ("backbo
 
 def test_every_shipped_config_passes_and_every_checked_key_exists():
     seen = set()
-    configs = [cfg(name="evaluate"), cfg("callbacks=[default,lr_monitor,ema]"), *(cfg(f"experiment={p.stem}") for p in (CONF / "experiment").glob("*.yaml"))]
+    configs = [cfg(name="evaluate"), cfg("callbacks=[default,lr_monitor,ema,late_dropout]"), *(cfg(f"experiment={p.stem}") for p in (CONF / "experiment").glob("*.yaml"))]
     configs += [cfg(f"{group}={choice}", "init_from=x" if choice == "sdpo" else "seed=42")
                 for group, choices in GROUPS.items() for choice in choices]
     for c in configs:
@@ -207,7 +207,7 @@ def _cli(tmp_path: Path, module: str, *args: str) -> subprocess.CompletedProcess
      "bear, ce, msl, sdpo, sdpo_2stage, sdpo_bear_2stage"),
     ("genrec.train", ["experiment=tiny", "callbacks=[default,emaa]"],  # a list of options (Hydra: "Could not load")
      "error: callbacks=[default,emaa]: emaa is not an option of callbacks (did you mean ema?): checkpoints, default, "
-     "early_stopping, ema, epoch_log, lr_monitor, validate_last_epoch"),
+     "early_stopping, ema, epoch_log, late_dropout, lr_monitor, validate_last_epoch"),
     ("genrec.train", ["-m", "experiment=tiny", "eval.beam=5,6", "objective.beta=0.1"],
      "error: objective.beta=0.1: no key objective.beta (objective has _target_, temperature, end_token); "
      "+objective.beta=0.1 adds one"),

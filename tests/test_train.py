@@ -67,6 +67,21 @@ def test_the_last_epoch_is_validated_whatever_the_validation_interval(tmp_path, 
             assert ("(best)" in line) == (losses[e] == min(v for k, v in losses.items() if k <= e)), line
 
 
+def test_late_dropout_trains_without_dropout_until_its_start_epoch(tmp_path):
+    """callbacks=[default,late_dropout]: starting at epoch 0 it is the plain run; starting after the last epoch it is
+    the run at dropout 0; starting at epoch 1 of 2 it is neither (epoch 0's validation as dropout 0's, then not)."""
+    base = ["trainer.max_epochs=2", "trainer.limit_train_batches=3"]
+    late = lambda start: ["callbacks=[default,late_dropout]", f"callbacks.late_dropout.start_epoch={start}"]  # noqa: E731
+    plain, none = (reproducible(run(config(tmp_path / n, *base, *x))) for n, x in
+                   [("plain", []), ("none", ["backbone.dropout=0.0"])])
+    assert plain["history"][0] != none["history"][0]
+    assert reproducible(run(config(tmp_path / "l0", *base, *late(0)))) == plain
+    switched = reproducible(run(config(tmp_path / "l1", *base, *late(1))))
+    assert switched["history"][0] == none["history"][0] and switched["history"][1] not in (plain["history"][1],
+                                                                                           none["history"][1])
+    assert reproducible(run(config(tmp_path / "l2", *base, *late(2)))) == none
+
+
 def _train_cmd(run_dir: Path, data_dir: Path, *extra: str) -> list[str]:
     return [sys.executable, "-m", "genrec.train", "experiment=tiny", "trainer.max_epochs=4",
             f"hydra.run.dir={run_dir}", f"data_dir={data_dir}", *extra]

@@ -64,6 +64,13 @@ class Dropout(nn.Dropout):
         return dropout(x, self.p, self.training)
 
 
+def set_dropout(module: nn.Module, p: float) -> None:
+    """Set every dropout rate inside `module` (genrec's backbones and blocks keep theirs as `p`, as nn.Dropout)."""
+    for m in module.modules():
+        if isinstance(getattr(m, "p", None), float):
+            m.p = p
+
+
 def replace_dropout(module: nn.Module) -> None:
     """Swap every `nn.Dropout` inside `module` (e.g. a Hugging Face model) for `Dropout`."""
     for parent in list(module.modules()):
