@@ -9,8 +9,8 @@ tokens over a whole epoch) of our length-bucketed batches vs random batches, and
 under CPU bf16 autocast (`trainer.precision=bf16-mixed`, as experiment=office_cpu trains), timed in the same
 run, as a ratio to float32; for Llama also bf16 with its training prefill attention in SDPA, as before
 2026-12-05 (`genrec.models.llama_block.prefill_attention`: SDPA's CPU backward), as a ratio; for TIGER
-also bf16 at dropout 0 (`--dropout0`, office_cpu's since 2026-12-06), with the decoder's attention explicit (now)
-and in SDPA (before 2026-12-06), as ratios. The cores
+also bf16 at dropout 0 (`--dropout0`: what dropping dropout would buy, e.g. callbacks.late_dropout's first
+epochs), with the decoder's attention explicit (now) and in SDPA (before 2026-12-06), as ratios. The cores
 may be shared: the batches are repeated for `--min-seconds` and each batch's fastest pass counts;
 samples per CPU second (process time) is
 the number contention distorts least. The last line printed is one JSON object.
@@ -37,6 +37,9 @@ from common import (  # noqa: E402
     TrainStep, best_times, epoch_batches, load_average, office, padding_efficiency, peak_rss_gb)
 
 
+T5_ATTENTION = t5_block.Block.attention
+
+
 def sdpa_cross_attention(block: t5_block.Block, q, k, v, bias, mask):
     """TIGER's decoder attention through SDPA (its eval path), as training at dropout 0 ran before 2026-12-06."""
     training, block.training = block.training, False
@@ -44,9 +47,6 @@ def sdpa_cross_attention(block: t5_block.Block, q, k, v, bias, mask):
         return T5_ATTENTION(block, q, k, v, bias, mask)
     finally:
         block.training = training
-
-
-T5_ATTENTION = t5_block.Block.attention
 
 
 def main() -> None:
@@ -59,7 +59,7 @@ def main() -> None:
     p.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=True,
                    help="also time the bucketed batches under bf16 autocast (ratio to float32)")
     p.add_argument("--dropout0", action=argparse.BooleanOptionalAction, default=True,
-                   help="TIGER bf16 also at dropout 0 (office_cpu), with and without SDPA in the cross-attention")
+                   help="TIGER bf16 also at dropout 0, with and without SDPA in the cross-attention")
     p.add_argument("--min-seconds", type=float, default=30.0, help="repeat each batch set this long; best pass counts")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
@@ -85,7 +85,7 @@ def main() -> None:
                 with mock.patch.object(llama_block, "prefill_attention", sdpa):
                     train.step(max(bucketed, key=lambda x: x["history"].shape[1]))
                     best[b]["bf16_sdpa"] = best_times(train.step, bucketed, args.min_seconds)
-            if b == "tiger" and args.dropout0:  # dropout 0 (office_cpu since 2026-12-06), and so with SDPA's
+            if b == "tiger" and args.dropout0:  # dropout 0, and so with SDPA's
                 train = TrainStep(*office(["backbone=tiger", "objective=ce", "backbone.dropout=0.0"], args.batch_size),
                                   bf16=True)  # backward in the cross-attention (genrec before 2026-12-06)
                 for key, attention in [("bf16_p0", T5_ATTENTION), ("bf16_p0_sdpa", sdpa_cross_attention)]:

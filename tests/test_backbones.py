@@ -322,8 +322,8 @@ def test_tiger_memory_saving_encoder_matches_autograd(memory):
 
 def test_tiger_training_cross_attention_matches_sdpa(monkeypatch):
     """Training with dropout (or in bf16 on CPU) computes cross-attention explicitly (the 1-byte
-    dropout masks; SDPA's slow bf16 CPU backward); with every dropout keeping everything it must equal the eval path (SDPA). (The autograd
-    path: `CandidateBlock` is compared with it above.)"""
+    dropout masks; SDPA's slow bf16 CPU backward); with every dropout keeping everything it must
+    equal the eval path (SDPA). (The autograd path: `CandidateBlock` is compared with it above.)"""
     import genrec.models.dropout as dropout_module
     import genrec.models.t5_block as block_module
     import genrec.models.tiger as tiger_module

@@ -126,8 +126,9 @@ class Block(nn.Module):
 
     def attention(self, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, mask: Tensor) -> Tensor:
         """softmax(q k^T + bias) v (no 1/sqrt(d)) with keys outside mask [B, L] excluded: rows [B, S, H d]."""
-        bf16_cpu = q.device.type == "cpu" and q.dtype == torch.bfloat16  # SDPA's bf16 CPU backward is slow: a
-        if self.training and (self.p > 0 or bf16_cpu):  # p = 0 step ran 1.4x as fast explicit; p > 0: 1-byte masks
+        # explicit in training: at p > 0 for the 1-byte dropout masks; at p = 0 in bf16 on CPU too (SDPA's bf16 CPU
+        # backward is slow: a step ran 1.37x as fast explicit, benchmarks/training.py --dropout0)
+        if self.training and (self.p > 0 or (q.device.type == "cpu" and q.dtype == torch.bfloat16)):
             s = q @ k.transpose(-1, -2)
             s = (s if bias is None else s + bias).masked_fill(~mask[:, None, None], float("-inf"))
             y = self.drop(s.softmax(-1)) @ v
