@@ -1,6 +1,7 @@
 """Tiger and Llama against HF's T5 / Llama, and their cached paths against brute force."""
 
 import itertools
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -454,20 +455,22 @@ def test_llama_refuses_heads_that_do_not_fit(hidden, heads, kv):
               intermediate_size=16)
 
 
+def dropout_logits(model: Backbone, train: bool) -> torch.Tensor:
+    """Prefix logits of a fixed batch in train or eval mode, dropout masks fixed by the seed."""
+    b, prefix = batch(), random_prefix(5, 6, 2, seed=3)
+    model.train(train)
+    torch.manual_seed(1)
+    return model.prefix_logits(model.encode(b["history"], b["mask"]), prefix)
+
+
 @pytest.mark.parametrize("name", ["tiger", "llama"])
 def test_set_dropout_switches_every_dropout_of_the_backbone(name):
     """`set_dropout(model, 0)` (callbacks.late_dropout's first epochs): training-mode logits equal eval-mode logits
     (no dropout left anywhere, the hand-written encoder blocks included); set back, they differ again."""
     from genrec.models.dropout import set_dropout
 
-    model, b = make(name, dropout=0.3), batch()
-    prefix = random_prefix(5, 6, 2, seed=3)
-
-    def logits(train: bool) -> torch.Tensor:
-        model.train(train)
-        torch.manual_seed(1)
-        return model.prefix_logits(model.encode(b["history"], b["mask"]), prefix)
-
+    model = make(name, dropout=0.3)
+    logits = partial(dropout_logits, model)
     evaluated = logits(False)
     assert not torch.allclose(logits(True), evaluated)
     set_dropout(model, 0.0)
@@ -475,3 +478,16 @@ def test_set_dropout_switches_every_dropout_of_the_backbone(name):
     set_dropout(model, 0.3)
     assert not torch.allclose(logits(True), evaluated)
     assert {m.p for m in model.modules() if isinstance(getattr(m, "p", None), float)} == {0.3}
+
+
+@pytest.mark.parametrize("name", ["tiger", "llama"])
+def test_set_dropout_raises_a_rate_given_as_an_int(name):
+    """`backbone.dropout=0` reaches the backbone as the int 0: late dropout must still be able to raise it."""
+    from genrec.models.dropout import set_dropout
+
+    model = make(name, dropout=0)
+    logits = partial(dropout_logits, model)
+    evaluated = logits(False)
+    torch.testing.assert_close(logits(True), evaluated, atol=1e-10, rtol=0)
+    set_dropout(model, 0.3)
+    assert not torch.allclose(logits(True), evaluated)
