@@ -65,9 +65,10 @@ class Dropout(nn.Dropout):
 
 
 def set_dropout(module: nn.Module, p: float) -> None:
-    """Set every dropout rate inside `module` (genrec's backbones and blocks keep theirs as `p`, as nn.Dropout)."""
+    """Set every dropout rate inside `module` (genrec's backbones and blocks keep theirs as `p`, as nn.Dropout;
+    `backbone.dropout=0` leaves an int 0 there)."""
     for m in module.modules():
-        if isinstance(getattr(m, "p", None), float):
+        if isinstance(getattr(m, "p", None), (int, float)) and not isinstance(m.p, bool):
             m.p = p
 
 

@@ -138,7 +138,7 @@ class Layer(nn.Module):
         self.attn = Attention(d_model, num_heads, num_kv_heads, d_model // num_heads)
         self.mlp = MLP(d_model, d_ff)
         self.attn_norm, self.mlp_norm = RMSNorm(d_model, eps), RMSNorm(d_model, eps)
-        self.p = float(p)  # a float, so that set_dropout finds it (config: `dropout=0` is an int)
+        self.p = p
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, own_mask: Tensor | None,
                 history: tuple[Tensor, Tensor, Tensor] | None, past: tuple[Tensor, Tensor] | None = None

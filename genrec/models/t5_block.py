@@ -107,7 +107,7 @@ class Block(nn.Module):
         if cross:
             self.cross, self.cross_norm = Attention(d_model, num_heads, d_kv), Norm(d_model, eps)
         self.ff, self.ff_norm = FeedForward(d_model, d_ff), Norm(d_model, eps)
-        self.p = float(p)  # a float, so that set_dropout finds it (config: `dropout=0` is an int)
+        self.p = p
 
     def drop(self, x: Tensor) -> Tensor:
         return dropout(x, self.p, self.training)

@@ -116,7 +116,7 @@ class Tiger(Backbone):
             raise ValueError(f"backbone.feed_forward_proj={feed_forward_proj}: only relu (T5 v1.0) is implemented")
         if memory not in ("manual", "checkpoint", "none"):
             raise ValueError(f"backbone.memory={memory}: manual, checkpoint or none")
-        self.vocab_size, self.max_positions, self.p = vocab_size, max_positions, float(dropout)
+        self.vocab_size, self.max_positions, self.p = vocab_size, max_positions, dropout
         self.memory, self.memory_users, self.memory_under_autocast = memory, memory_users, memory_under_autocast
         self.t5_config = T5Config(
             vocab_size=vocab_size, d_model=d_model, num_layers=num_layers, num_decoder_layers=num_decoder_layers,
