@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
+from torch.utils.flop_counter import FlopCounterMode
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -110,6 +111,23 @@ def best_times(f, batches: list[dict], min_seconds: float) -> tuple[float, float
         best = times if best is None else list(map(fastest, best, times))
         passes += 1
     return sum(t[0] for t in best), sum(t[1] for t in best), passes
+
+
+def step_flops(f, batches: list[dict]) -> int:
+    """Matmul FLOPs (mm, bmm, attention; forward and backward, as torch's FlopCounterMode counts them) of f
+    on every batch: the work a step cannot avoid, whatever runs it."""
+    with FlopCounterMode(display=False) as counter:
+        for b in batches:
+            f(b)
+    return counter.get_total_flops()
+
+
+def matmul_peak_gflops(dtype: torch.dtype, n: int = 2048, repeats: int = 5) -> float:
+    """GFLOP per CPU second of one large n x n x n matmul in `dtype` on this process's threads (best of
+    `repeats`): the roofline a training step's matmuls can reach here."""
+    a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
+    a @ b
+    return 2 * n**3 / min(timed(torch.matmul, a, b)[1] for _ in range(repeats)) / 1e9
 
 
 def peak_rss_gb() -> float:

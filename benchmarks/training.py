@@ -10,7 +10,10 @@ under CPU bf16 autocast (`trainer.precision=bf16-mixed`, as experiment=office_cp
 run, as a ratio to float32; for Llama also bf16 with its training prefill attention in SDPA, as before
 2026-12-05 (`genrec.models.llama_block.prefill_attention`: SDPA's CPU backward), as a ratio; for TIGER
 also bf16 at dropout 0 (`--dropout0`: what dropping dropout would buy, e.g. callbacks.late_dropout's first
-epochs), with the decoder's attention explicit (now) and in SDPA (before 2026-12-06), as ratios. The cores
+epochs), with the decoder's attention explicit (now) and in SDPA (before 2026-12-06), as ratios. For the bf16
+step also its matmul FLOPs (forward and backward, torch's FlopCounterMode) per CPU second, as a share of one large
+bf16 matmul's on this CPU (`bf16_of_matmul_peak`: the roofline; what is left above it is all a faster step could
+gain while the model's arithmetic stays the same). The cores
 may be shared: the batches are repeated for `--min-seconds` and each batch's fastest pass counts;
 samples per CPU second (process time) is
 the number contention distorts least. The last line printed is one JSON object.
@@ -34,7 +37,8 @@ from genrec.models import llama_block, t5_block
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import (  # noqa: E402
-    TrainStep, best_times, epoch_batches, load_average, office, padding_efficiency, peak_rss_gb)
+    TrainStep, best_times, epoch_batches, load_average, matmul_peak_gflops, office, padding_efficiency, peak_rss_gb,
+    step_flops)
 
 
 T5_ATTENTION = t5_block.Block.attention
@@ -79,6 +83,7 @@ def main() -> None:
             train = TrainStep(*cfgs[b], bf16=True)
             train.step(max(bucketed, key=lambda x: x["history"].shape[1]))
             best[b]["bf16"] = best_times(train.step, bucketed, args.min_seconds)
+            best[b]["bf16_flops"] = step_flops(train.step, bucketed)
             if b == "llama":  # the same step with SDPA's backward in the prefill (genrec before 2026-12-05)
                 def sdpa(q, k, v, mask, p, training):
                     return F.scaled_dot_product_attention(q, k, v, mask, dropout_p=p if training else 0.0)
@@ -95,7 +100,7 @@ def main() -> None:
         load.append(load_average())
         print(f"{b}: {json.dumps(best[b])}", flush=True)
     n_bucketed, n_random = (sum(len(x["index"]) for x in xs) for xs in (bucketed, random))
-    result = {"padding_efficiency": {
+    result = {"matmul_peak_gflops_bf16": round(matmul_peak_gflops(torch.bfloat16), 1), "padding_efficiency": {
         "bucketed": round(padding_efficiency(lengths, args.batch_size, T, dm.seed), 3),
         "random": round(padding_efficiency(lengths, args.batch_size, T, dm.seed, bucketed=False), 3)}}
     for b, t in best.items():
@@ -111,6 +116,8 @@ def main() -> None:
             row["bf16_samples_per_s"] = round(n_bucketed / t["bf16"][0], 1)
             row["bf16_samples_per_cpu_s"] = round(n_bucketed / t["bf16"][1], 1)
             row["bf16_speedup_cpu"] = round(row["bf16_samples_per_cpu_s"] / row["samples_per_cpu_s"], 2)
+            row["bf16_matmul_gflops_per_cpu_s"] = round(t["bf16_flops"] / t["bf16"][1] / 1e9, 1)
+            row["bf16_of_matmul_peak"] = round(row["bf16_matmul_gflops_per_cpu_s"] / result["matmul_peak_gflops_bf16"], 3)
         if t.get("bf16_p0"):
             row["bf16_dropout0_samples_per_cpu_s"] = round(n_bucketed / t["bf16_p0"][1], 1)
             row["bf16_dropout0_vs_dropout_cpu"] = round(t["bf16"][1] / t["bf16_p0"][1], 2)
