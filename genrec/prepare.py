@@ -10,6 +10,7 @@ summary; the last line is one JSON object for scripts.
 from __future__ import annotations
 
 import json
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -21,7 +22,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from genrec.cli import check_command_line
 from genrec.config_check import exit_if_invalid, refuse
-from genrec.data.preprocess import SeqData, build_sequences, item_texts, leave_one_out, sliding_window
+from genrec.data.preprocess import (SeqData, build_sequences, item_texts, leave_one_out, sliding_window,
+                                    template_fields)
 from genrec.data.readers.common import DataError
 from genrec.sid.codes import SemanticIds
 from genrec.data.store import cached, read_meta
@@ -45,6 +47,7 @@ def prepare(cfg: DictConfig, log=print) -> Prepared:
     ds, root = cfg.dataset, cfg.data_dir
     if ds.split not in SPLITS:
         raise DataError(f"dataset.split={ds.split!r} is not one of {', '.join(SPLITS)}")
+    template_fields(ds.text_template)  # a malformed template fails before any data is read
     timings, hits = {}, {}
     start = time.time()
 
@@ -75,6 +78,10 @@ def prepare(cfg: DictConfig, log=print) -> Prepared:
     tokenizer = instantiate(cfg.tokenizer)
     emb_key = None
     if tokenizer.needs_embeddings:
+        if len(set(seq.item_text)) == 1 < seq.num_items:
+            raise DataError(f"dataset {ds.name}: every item's text is {seq.item_text[0]!r} (no item metadata?): text "
+                            "embeddings would give every item one semantic ID; fix dataset.text_template or use "
+                            "tokenizer=precomputed")
         t = time.time()
 
         def build_embeddings(tmp):
@@ -135,4 +142,8 @@ def main(cfg: DictConfig) -> None:
 
 if __name__ == "__main__":
     check_command_line("config")  # an override that does not compose: one line, exit 2
+    # the artefacts live in the cache (data_dir): no run folder under outputs/ for a report to list as a failed
+    # run, no log file (user overrides come later)
+    sys.argv[1:1] = ["hydra.run.dir=.", "hydra.output_subdir=null",
+                     "hydra/job_logging=none", "hydra/hydra_logging=none"]
     main()

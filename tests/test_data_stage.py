@@ -5,6 +5,7 @@ import gzip
 import json
 import multiprocessing as mp
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -115,6 +116,22 @@ def test_lcrec_reader(tmp_path, gz):
         lcrec.read(str(tmp_path), "Tiny", strict=True)
     write(tmp_path / "Tiny.inter.json", json.dumps({"0": [0, 1, 2]}), gz)  # inter.json clean: item.json's turn
     with pytest.raises(DataError, match=r"item '4': metadata object expected \(dataset.strict=true"):
+        lcrec.read(str(tmp_path), "Tiny", strict=True)
+
+
+def test_lcrec_reader_null_item_names_the_inter_file_and_user(tmp_path):
+    """A null (or list, float, bool, empty) item is a bad record of the inter file, never an item 'None'."""
+    inter = write(tmp_path / "Tiny.inter.json",
+                  json.dumps({"0": [0, 1, 2], "1": [3, None, "4"], "2": [[5], 1.5, True, ""]}))
+    raw = lcrec.read(str(tmp_path), "Tiny")
+    assert (raw.users, raw.items) == (["0", "0", "0", "1", "1"], ["0", "1", "2", "3", "4"])
+    assert raw.times == [0.0, 1.0, 2.0, 0.0, 2.0]  # the skipped item's position stays unused
+    assert raw.report.examples == [f"{inter}: user '1': item 2 of 3 is null, not an item id (a string or an integer)",
+                                   f"{inter}: user '2': item 1 of 4 is [5], not an item id (a string or an integer)",
+                                   f"{inter}: user '2': item 2 of 4 is 1.5, not an item id (a string or an integer)",
+                                   f"{inter}: user '2': item 3 of 4 is true, not an item id (a string or an integer)",
+                                   f"{inter}: user '2': item 4 of 4 is \"\", not an item id (a string or an integer)"]
+    with pytest.raises(DataError, match=f"^{inter}: user '1': item 2 of 3 is null, .*dataset.strict=true"):
         lcrec.read(str(tmp_path), "Tiny", strict=True)
 
 
@@ -264,6 +281,25 @@ def test_item_texts_missing_fields():
     assert got == ["Title: Pen. Brand: Acme.", "Title: Pad. Brand: .", "Title: . Brand: .", "Title: Big Pen. Brand: X."]
 
 
+def test_item_texts_unknown_field_is_a_typo():
+    """A field missing for some items is sparse metadata; a field no item has is a misspelling: one line naming
+    the key, the field, its nearest field and the fields there are."""
+    meta = {"1": {"title": "Pen", "group": "a"}, "2": {"group": "b"}}
+    with pytest.raises(DataError) as e:
+        item_texts(["1", "2"], meta, "{titel} in {group}")
+    assert str(e.value) == ("dataset.text_template='{titel} in {group}': no item has a field {titel} "
+                            "(did you mean {title}?); the items' fields: group, title")
+    with pytest.raises(DataError, match=r"'\{nosuchfield\}': no item has a field \{nosuchfield\}; "
+                                        r"the items' fields: group, title$"):
+        item_texts(["1"], meta, "{nosuchfield}")
+    with pytest.raises(DataError, match=r"no item has a field \{0\}"):  # positional: would format the same for all
+        item_texts(["1"], meta, "{0} {title}")
+    with pytest.raises(DataError, match=r"^dataset.text_template='\{title': expected '\}' before end of string$"):
+        item_texts(["1"], meta, "{title")
+    assert item_texts(["1", "2"], meta, "{title!r} {group:>3}") == ["'Pen' a", "'' b"]  # conversions, format specs
+    assert item_texts(["1", "2"], {}, "Title: {title}.") == ["Title: .", "Title: ."]  # no metadata at all: no typo
+
+
 # ---------------------------------------------------------------- the artefact cache
 
 
@@ -288,6 +324,33 @@ def test_cache_key_and_crash_leftovers(tmp_path):
     meta = json.loads((final / "meta.json").read_text())
     assert meta["n"] == 3 and meta["config"] == {"a": 1} and meta["stage"] == "sids"
     assert cached(tmp_path, "sids", {"a": 1}, lambda tmp: pytest.fail("rebuilt")) == (final, True)
+
+
+def _build_and_die(root):
+    """A forked child: SIGKILLed half-way through building an artefact."""
+    def build(tmp):
+        (tmp / "half").write_text("x")
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    cached(root, "embeddings", {"a": 1}, build)
+
+
+def test_cache_removes_a_killed_builds_temp_folder(tmp_path):
+    """The next build of the same artefact removes the temp folders of dead builders (only those)."""
+    child = mp.get_context("fork").Process(target=_build_and_die, args=(tmp_path,))
+    child.start()
+    child.join(timeout=60)
+    assert child.exitcode == -signal.SIGKILL
+    folder, name = tmp_path / "embeddings", config_hash("embeddings", {"a": 1})
+    dead = folder / f".tmp-{name}-{child.pid}"
+    assert (dead / "half").exists()
+    alive = folder / f".tmp-{name}-{os.getppid()}"  # a live process's (e.g. a reused pid): kept
+    other = folder / f".tmp-{config_hash('embeddings', {'a': 2})}-{child.pid}"  # another artefact's: not ours to judge
+    for d in (alive, other):
+        d.mkdir()
+    path, hit = cached(tmp_path, "embeddings", {"a": 1}, lambda tmp: (tmp / "x.txt").write_text("ok") and None)
+    assert not hit and (path / "x.txt").exists()
+    assert sorted(p.name for p in folder.iterdir() if p.name.startswith(".tmp-")) == sorted([alive.name, other.name])
 
 
 # ---------------------------------------------------------------- genrec.prepare
@@ -430,6 +493,35 @@ def test_prepare_clear_errors(tmp_path, data_dir):
         prepare(cfg_for(tiny(tmp_path, data_dir, *RQ, "tokenizer.codebook_size=64")))
 
 
+@pytest.mark.parametrize("template, says", [
+    ("'{nosuchfield}'", r"no item has a field \{nosuchfield\}; the items' fields: group, title$"),
+    ("'{titel} in {group}'", r"no item has a field \{titel\} \(did you mean \{title\}\?\)"),
+])
+def test_prepare_refuses_a_misspelt_template_before_embeddings(data_dir, template, says):
+    """It used to blank every item's text (semantic IDs collapsed to one code before disambiguation)."""
+    with pytest.raises(DataError, match=r"^dataset.text_template=.*" + says):
+        prepare(cfg_for(["experiment=tiny", f"data_dir={data_dir}", f"dataset.text_template={template}"]))
+    assert folders(data_dir) == {"sequences": []}  # nothing cached, no embeddings computed
+
+
+def test_prepare_checks_the_template_before_reading(tmp_path, data_dir):
+    with pytest.raises(DataError, match=r"^dataset.text_template='Title: \{title': expected '\}'"):
+        prepare(cfg_for(tiny(tmp_path, data_dir, *RQ, f"dataset.root={tmp_path / 'nowhere'}",
+                             "dataset.text_template='Title: {title'")))
+
+
+def test_prepare_refuses_to_embed_one_text_for_every_item(tmp_path, data_dir):
+    """No item metadata (as apao_grocery): fine for precomputed semantic IDs, an error for ones built from text."""
+    base = tiny(tmp_path, data_dir)
+    (tmp_path / "raw" / "Tiny.item.json").unlink()
+    assert prepare(cfg_for(base + ["tokenizer=precomputed"]), log=pytest.fail).summary["items"] == 15
+    with pytest.raises(DataError, match=r"^dataset Tiny: every item's text is 'Title: \. Brand: \. Categories: \. "
+                                        r"Description:' \(no item metadata\?\): text embeddings would give every item "
+                                        r"one semantic ID; fix dataset\.text_template or use tokenizer=precomputed$"):
+        prepare(cfg_for(base + RQ))
+    assert "embeddings" not in folders(data_dir)
+
+
 def test_hydra_lists_options_for_a_typo():
     with pytest.raises(Exception, match=r"(?s)dataset/ml100kk.*Available options.*lcrec.*ml100k.*office"):
         cfg_for(["dataset=ml100kk"])
@@ -490,7 +582,7 @@ def cli(tmp_path_factory):
     """Three commands at once (start-up dominates): a good run, a missing dataset, a typo."""
     tmp = tmp_path_factory.mktemp("cli")
     write_lcrec(tmp / "raw")
-    common = [f"data_dir={tmp / 'data'}", f"hydra.run.dir={tmp / 'run'}", "hydra.output_subdir=null"]
+    common = [f"data_dir={tmp / 'data'}"]  # Hydra's own run dir settings as they are: see test_cli_leaves_no_run_dir
     args = {
         "ok": ["dataset=lcrec", f"dataset.root={tmp / 'raw'}", "dataset.name=Tiny", "tokenizer=precomputed"],
         "missing": ["dataset=lcrec", f"dataset.root={tmp / 'nowhere'}", "dataset.name=Tiny", "tokenizer=precomputed"],
@@ -513,6 +605,14 @@ def test_cli_prints_json_summary_last(cli):
     assert isinstance(s["seconds"], float)
     assert "40 users, 15 items, 240 interactions" in stdout
     assert (tmp / "data" / "sids").is_dir() and not (tmp / "env-data").exists()
+
+
+def test_cli_leaves_no_run_dir(cli):
+    """The data stage's artefacts live in the cache: a prepare (done or refused) leaves no outputs/<run>/ holding
+    only .hydra/ and an empty prepare.log, which genrec.report would list as a running, later failed, run."""
+    tmp, out = cli
+    assert out["ok"][1] == 0 and out["missing"][1] == 2
+    assert sorted(p.name for p in tmp.iterdir()) == ["data", "raw"]
 
 
 def test_cli_bad_dataset_is_one_error_line(cli):

@@ -7,7 +7,9 @@ artefact is a few arrays whatever the dataset size.
 
 from __future__ import annotations
 
+import difflib
 import json
+import re
 import string
 from dataclasses import dataclass
 from pathlib import Path
@@ -149,7 +151,24 @@ class _Blank(string.Formatter):
         return kwargs.get(key, "")
 
 
+def template_fields(template: str) -> list[str]:
+    """The fields `template` names ("{title!r:>9}", "{title.upper}": title); malformed: a DataError."""
+    try:
+        names = [name for _, name, _, _ in string.Formatter().parse(template) if name is not None]
+    except ValueError as e:
+        raise DataError(f"dataset.text_template={template!r}: {e}") from None
+    return [re.match(r"[^.\[]*", name).group() for name in names]
+
+
 def item_texts(item_ids: list[str], meta: dict[str, dict], template: str) -> list[str]:
-    """Fill the text template per item; missing fields become empty strings."""
+    """Fill the text template per item; a field an item lacks becomes an empty string (metadata is sparse),
+    a field no item has is a DataError (a misspelling would blank every item's text)."""
+    fields = set().union(*meta.values())
+    for name in template_fields(template) if fields else []:  # no metadata at all: every text is the bare template
+        if name not in fields:
+            near = difflib.get_close_matches(name, sorted(fields), n=1)
+            hint = f" (did you mean {{{near[0]}}}?)" if near else ""
+            raise DataError(f"dataset.text_template={template!r}: no item has a field {{{name}}}{hint}; "
+                            f"the items' fields: {', '.join(sorted(fields))}")
     fmt = _Blank()
     return [" ".join(fmt.format(template, **meta.get(i, {})).split()) for i in item_ids]

@@ -7,7 +7,8 @@ edited or replaced raw file makes a new artefact (and so new downstream ones, wh
 it). Which files a config reads is learnt from its last build (`<stage>/.<config hash>.inputs.json`).
 The first caller builds the artefact into a temporary folder and renames it into place (atomic on
 one file system), under a file lock so concurrent sweep jobs build it once; everyone else waits
-and reads. `meta.json` inside records the config, the inputs, the code version and the build time.
+and reads. The temp folder of a build that was killed (`.tmp-<hash>-<pid>`, its pid gone) is removed by the next
+build of the same artefact. `meta.json` inside records the config, the inputs, the code version and the build time.
 """
 
 from __future__ import annotations
@@ -47,6 +48,17 @@ def file_stats(paths: list[str]) -> dict[str, list[int] | None]:
     return stats
 
 
+def alive(pid: int) -> bool:
+    """Whether process `pid` exists (on this machine)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's
+        pass
+    return True
+
+
 def cached(root: Path | str, stage: str, config: dict, build: Callable[[Path], dict | None],
            inputs: bool = False) -> tuple[Path, bool]:
     """Return (artefact folder, whether it was already there). `build(tmp)` writes the
@@ -71,6 +83,10 @@ def cached(root: Path | str, stage: str, config: dict, build: Callable[[Path], d
     with FileLock(str(folder / name) + ".lock"):
         if found := existing():  # built by another process while we waited
             return found, True
+        for stale in folder.glob(f".tmp-{name}-*"):  # a killed build's (a live one would hold the lock)
+            pid = stale.name.rsplit("-", 1)[1]
+            if pid.isdigit() and not alive(int(pid)):
+                shutil.rmtree(stale, ignore_errors=True)
         tmp = folder / f".tmp-{name}-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()

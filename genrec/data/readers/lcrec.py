@@ -8,6 +8,7 @@ categories}}. `<name>.index.<tag>.json` (optional): precomputed SIDs, read by th
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from genrec.data.readers.common import DataError, RawData, ReadReport, find_file, load_json
@@ -25,6 +26,10 @@ def read(root: str, name: str, strict: bool = False) -> RawData:
             report.skip(path, None, f"user {user!r}: item list expected", strict)
             continue
         for pos, item in enumerate(seq):
+            if not is_id(item):
+                report.skip(path, None, f"user {user!r}: item {pos + 1} of {len(seq)} is {json.dumps(item)}, "
+                                        "not an item id (a string or an integer)", strict)
+                continue
             users.append(str(user)), items.append(str(item)), times.append(float(pos))
     meta = {}
     item_path = Path(root) / f"{name}.item.json"
@@ -39,6 +44,11 @@ def read(root: str, name: str, strict: bool = False) -> RawData:
             else:
                 report.skip(item_path, None, f"item {k!r}: metadata object expected", strict)
     return RawData(users, items, times, meta, report)
+
+
+def is_id(value: object) -> bool:
+    """A non-empty string or an integer (JSON's null, true, 1.5, [..] are not: str() would make them ids)."""
+    return isinstance(value, str) and value != "" or isinstance(value, int) and not isinstance(value, bool)
 
 
 def text(value: object) -> str:
