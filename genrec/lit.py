@@ -14,6 +14,7 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
+from genrec.data.readers.common import DataError
 from genrec.sid.codes import SemanticIds
 from genrec.eval.module import EvalModule
 from genrec.objectives.base import TrainContext
@@ -44,7 +45,12 @@ class GenRec(EvalModule):
         super().__init__(cfg, sids)
         self.steps_per_epoch = steps_per_epoch
         if cfg.get("init_from"):
-            self.backbone.load_state_dict(load_backbone_state(cfg.init_from))
+            try:
+                self.backbone.load_state_dict(load_backbone_state(cfg.init_from))
+            except RuntimeError as e:  # torch lists every missing, unexpected and mis-shaped weight, one per line
+                first = next((line.strip() for line in str(e).splitlines()[1:] if line.strip()), str(e))
+                raise DataError(f"init_from={cfg.init_from}: its weights do not fit this model ({first[:300]}); "
+                                f"it was trained with another backbone, tokenizer or catalogue") from None
         self.objective = instantiate(cfg.objective)
         ctx = TrainContext(sids, self._trie, item_counts, self.evaluator.beam, cfg.seed, updates_per_micro_batch(cfg),
                            self.evaluator.score, self.evaluator.temperature)

@@ -4,6 +4,7 @@ A run's config as today's genrec reads it, and its checkpoint: where it is, and 
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 from pathlib import Path
@@ -31,6 +32,35 @@ EXECUTION = ("run_dir", "resume", "data_dir", "tags", "logger", "hydra",
              "backbone.lean_under_autocast", "trainer.keep_freed_memory", "trainer.memory_check",
              "trainer.pin_memory", "callbacks.epoch_log",
              "trainer.validate")  # what validation logs beside the monitored loss (config_check), not the model
+
+
+class RunDirInUse(RuntimeError):
+    """Another live process holds the run dir (`claim`)."""
+
+
+_CLAIMS: dict = {}  # run dir -> its open lock file, for the run dirs this process holds (released when it exits)
+
+
+def claim(run_dir: Path) -> None:
+    """Hold `<run dir>/.lock` for the rest of this process's life (the kernel releases it however the process
+    ends, kill -9 included), so that no second process trains into the same dir at the same time: two runs given
+    one dir, or a resume of a run that is still running. Raises RunDirInUse naming the holder's pid."""
+    if run_dir.resolve() in _CLAIMS:
+        return
+    run_dir.mkdir(parents=True, exist_ok=True)
+    f = open(run_dir / ".lock", "a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        holder = f.read().strip() or "?"
+        f.close()
+        raise RunDirInUse(f"{run_dir} is in use by another run (pid {holder}); wait for it to end, or give this "
+                          f"run another dir (hydra.run.dir=...)") from None
+    f.truncate(0)
+    f.write(str(os.getpid()))
+    f.flush()
+    _CLAIMS[run_dir.resolve()] = f
 
 
 def write_text(path: Path, text: str) -> None:

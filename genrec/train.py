@@ -33,7 +33,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from genrec.callbacks import Checkpoints, best_of
 from genrec.cli import check_command_line
-from genrec.config_check import check, exit_if_invalid, refuse
+from genrec.config_check import _forget_run_dir as forget_run_dir, check, exit_if_invalid, refuse
 from genrec.data.datamodule import SeqDataModule
 from genrec.data.readers.common import DataError
 from genrec.eval.metrics import is_loss
@@ -42,7 +42,7 @@ from genrec.loggers import close_wandb, forget_wandb_run, log_final
 from genrec.malloc import keep_freed_memory
 from genrec.memory import Estimate, check as check_memory
 from genrec.prepare import prepare
-from genrec.runs import checkpoint_path, config_changes, write_json, write_text
+from genrec.runs import RunDirInUse, checkpoint_path, claim, config_changes, run_config, write_json, write_text
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
 VOLATILE = ("resume", "run_dir")  # config keys that may differ between a run and its resumption
@@ -80,6 +80,17 @@ def _comparable(cfg: DictConfig | dict) -> dict:
     return {k: v for k, v in c.items() if k not in VOLATILE and k != "hydra"}
 
 
+def last_checkpoint(run_dir: Path) -> Path | None:
+    """The checkpoint a run dir continues from: its own last.ckpt, else a two-stage run's stage 1's (killed before
+    stage 2 began); None if neither exists."""
+    return next((p for p in (run_dir / s / "checkpoints" / "last.ckpt" for s in (".", "stage1")) if p.exists()), None)
+
+
+def started(run_dir: Path) -> bool:
+    """Whether a run has begun training in this dir (its config.yaml, or its stage 1's, is written)."""
+    return any((run_dir / s / "config.yaml").exists() for s in (".", "stage1"))
+
+
 def find_resume_dir(cfg: DictConfig) -> Path | None:
     """The run dir to continue: `resume=<run dir or ckpt>`, or with `resume=true` this run
     dir if it has a last.ckpt, else the newest sibling run with the same config."""
@@ -89,16 +100,18 @@ def find_resume_dir(cfg: DictConfig) -> Path | None:
     if cfg.resume not in (True, "true"):
         path = Path(str(cfg.resume))
         path = path.parent.parent if path.suffix == ".ckpt" else path
-        if not (path / "checkpoints" / "last.ckpt").exists():
-            raise DataError(f"resume={cfg.resume}: no checkpoints/last.ckpt under {path}")
+        if last_checkpoint(path) is None:
+            raise DataError(f"resume={cfg.resume}: no checkpoints/last.ckpt (nor stage1/checkpoints/last.ckpt) "
+                            f"under {path}")
         return path
-    if (here / "checkpoints" / "last.ckpt").exists():
+    if started(here):  # with no checkpoint yet it starts over, in place
         return here
     want = _comparable(cfg)
-    for run in sorted(here.parent.glob("*/checkpoints/last.ckpt"), key=lambda p: p.stat().st_mtime, reverse=True):
-        saved = run.parent.parent / ".hydra" / "config.yaml"
+    runs = [d for d in here.parent.iterdir() if d != here and last_checkpoint(d)] if here.parent.is_dir() else []
+    for run in sorted(runs, key=lambda d: last_checkpoint(d).stat().st_mtime, reverse=True):
+        saved = run / ".hydra" / "config.yaml"
         if saved.exists() and _comparable(OmegaConf.load(saved)) == want:
-            return run.parent.parent
+            return run
     print(f"resume=true: no earlier run with this config under {here.parent}; starting fresh")
     return None
 
@@ -128,25 +141,54 @@ def stage1_config(cfg: DictConfig) -> DictConfig:
     return first
 
 
-class ResumeMismatch(DataError):
-    """The run dir holds a run of another config: nothing in it is touched (not even failed.json)."""
+class NotYours(DataError):
+    """The run dir belongs to another run (another config, a finished run, a live process): nothing in it is
+    touched, not even failed.json."""
+
+
+class ResumeMismatch(NotYours):
+    """The run dir holds a run of another config."""
 
 
 def check_resumable(cfg: DictConfig, run_dir: Path) -> None:
     """A run continues only with the config it ran (`genrec.runs.config_changes`): one line naming what differs,
-    before any compute, else the checkpoint would go on under another recipe and its record would say the new one."""
-    if not (run_dir / "config.yaml").exists():
+    before any compute, else the checkpoint would go on under another recipe and its record would say the new one.
+    A two-stage run killed in stage 1 is checked on stage 1's config."""
+    saved, now = run_dir / "config.yaml", cfg.copy()
+    if not saved.exists() and cfg.get("stage1"):
+        saved, now = run_dir / "stage1" / "config.yaml", stage1_config(cfg)
+    if not saved.exists():
         return
-    now = cfg.copy()
-    if cfg.get("stage1"):  # stage 2 of a pipeline starts from stage 1's run, set once stage 1 is trained
+    if cfg.get("stage1") and saved.parent == run_dir:  # stage 2 starts from stage 1's run, set once it is trained
         with open_dict(now):
             now.init_from = str(run_dir / "stage1")
-    if changes := config_changes(run_dir / "config.yaml", now):
+    if changes := config_changes(saved, now):
         ran = run_dir / "overrides.yaml"  # runs from before it was written: config.yaml says what they ran
         command = ran if ran.exists() else run_dir / "config.yaml"
         raise ResumeMismatch(f"resume: {run_dir} ran another config ({len(changes)} differ: {'; '.join(changes[:4])}"
                         f"{' ...' if len(changes) > 4 else ''}); resume it with its own overrides "
                         f"({command}) or start a new run dir")
+
+
+def take_run_dir(run_dir: Path, fresh: bool) -> None:
+    """Claim the run dir for this process (`genrec.runs.claim`); a fresh run never writes into another run's dir."""
+    try:
+        claim(run_dir)
+    except RunDirInUse as e:
+        raise NotYours(str(e)) from None
+    if fresh and started(run_dir):
+        raise NotYours(f"{run_dir} holds another run; resume=true continues it, a new run needs another dir "
+                       f"(hydra.run.dir=...)")
+
+
+def forget_hydra_dir(cfg: DictConfig) -> None:
+    """The dir Hydra made for this start, when the run went on in another one (resume=true found it): removed
+    if it holds only Hydra's files, so that no report lists it."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if HydraConfig.initialized() and Path(HydraConfig.get().runtime.output_dir).resolve() != \
+            Path(cfg.run_dir).resolve():
+        forget_run_dir()
 
 
 def record_command(run_dir: Path, fresh: bool) -> None:
@@ -160,6 +202,18 @@ def record_command(run_dir: Path, fresh: bool) -> None:
         write_text(path, OmegaConf.to_yaml(OmegaConf.create(list(HydraConfig.get().overrides.task))))
 
 
+def check_init_from(cfg: DictConfig) -> None:
+    """`init_from` names a checkpoint of this run's backbone (a model of another family cannot start this one);
+    weights of other shapes (another tokenizer or catalogue) are refused once the model is built (GenRec)."""
+    try:
+        ckpt = checkpoint_path(cfg.init_from)
+    except FileNotFoundError as e:
+        raise DataError(f"init_from={cfg.init_from}: {e}") from None
+    saved = ckpt.parent.parent / "config.yaml"
+    if saved.exists() and (was := run_config(saved).backbone.get("_target_")) != cfg.backbone.get("_target_"):
+        raise DataError(f"init_from={cfg.init_from}: a {was} run; this run's backbone is {cfg.backbone._target_}")
+
+
 def run(cfg: DictConfig) -> dict:
     """Train and test `cfg`; with `stage1` (an objective name, e.g. objective=sdpo_2stage) a pipeline:
     stage 1 trains that objective into <run dir>/stage1 (skipped once its metrics.json exists),
@@ -171,19 +225,22 @@ def run(cfg: DictConfig) -> dict:
         with open_dict(cfg):
             cfg.run_dir = str(resume_dir)
         check_resumable(cfg, resume_dir)
+    if rank_zero_only.rank == 0:  # a DDP run's other processes run inside the launching one's claim
+        take_run_dir(Path(cfg.run_dir), fresh=resume_dir is None)
+        forget_hydra_dir(cfg)
     record_command(Path(cfg.run_dir), fresh=resume_dir is None)
     if cfg.get("init_from"):  # before any compute
-        try:
-            checkpoint_path(cfg.init_from)
-        except FileNotFoundError as e:
-            raise DataError(f"init_from={cfg.init_from}: {e}") from None
+        check_init_from(cfg)
     if cfg.get("stage1"):
         first = stage1_config(cfg)
         if not (Path(first.run_dir) / "metrics.json").exists():
             train(first, time.time(), Path(first.run_dir) if first.resume else None, objective_name=cfg.stage1)
         with open_dict(cfg):
             cfg.init_from = first.run_dir
-    return train(cfg, start, resume_dir)
+    result = train(cfg, start, resume_dir)
+    if rank_zero_only.rank == 0:
+        forget_hydra_dir(cfg)  # what a resumed DDP run's other processes logged into it since
+    return result
 
 
 def train(cfg: DictConfig, start: float, resume_dir: Path | None, objective_name: str | None = None) -> dict:
@@ -284,11 +341,13 @@ def _choice(cfg: DictConfig, group: str) -> str:
 def print_summary(r: dict, data: dict) -> None:
     keys = [k[len("test/"):] for k in r if k.startswith(("test/recall@", "test/ndcg@"))]
     keys = sorted(keys, key=lambda k: (int(k.split("@")[1]), k))
+    b = r["best_epoch"]  # counted from 0 (metrics.json, the history); the progress lines count from 1
+    best = "none" if b is None else f"{b + 1}/{r['epochs']} (best_epoch {b} in metrics.json, from 0)"
     lines = [
         "",
         f"== genrec: {r['dataset']} · {r['backbone']} · {r['objective']} · seed {r['seed']} ==",
         f"data      {data['users']} users, {data['items']} items, {data['interactions']} interactions, T={data['levels']}",
-        f"training  {r['epochs']} epochs, best epoch {r['best_epoch']}, wall time {r['seconds']:.1f}s",
+        f"training  {r['epochs']} epochs, best epoch {best}, wall time {r['seconds']:.1f}s",
         "metric        " + "".join(f"{k:>11}" for k in keys),
         *(["valid (best)  " + "".join(f"{r['val/' + k]:>11.4f}" for k in keys)] if all(f"val/{k}" in r for k in keys)
           else [f"valid (best)  {t}: {r[t]:.4f}" for t in r if t.startswith("val/") and is_loss(t)]),
@@ -326,11 +385,15 @@ def main(cfg: DictConfig) -> float | None:
         result = run(cfg)
     except BaseException as e:
         close_wandb(exit_code=1)  # else the next sweep job in this process would log into this run
+        if isinstance(e, NotYours) and not sweep:  # another run's dir: left as it is
+            forget_hydra_dir(cfg)
+            print(f"error: {e}", file=sys.stderr)
+            sys.exit(2)
         if isinstance(e, DataError) and not sweep and not (Path(cfg.run_dir) / "checkpoints").exists():
             refuse(e)  # bad input before any training (data file, init_from, resume dir): one line, no run dir left
         # Recorded in the run dir (the report shows the cell as failed); in a sweep the
         # exception goes to Hydra, which runs the remaining jobs before it reports failures.
-        if not isinstance(e, ResumeMismatch):
+        if not isinstance(e, NotYours):
             Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
             record = {"error": f"{type(e).__name__}: {e}"}
             if hint := lost_peer_hint(e):
