@@ -19,6 +19,8 @@ from omegaconf import DictConfig
 from genrec.config_check import CONF, compose_command, grid_jobs
 
 HYDRA_FLAGS = ("-m", "--multirun")  # any other flag (--cfg, --help, --config-name, ...) is left to Hydra
+# The configs of pyproject.toml's cluster extra's Hydra plugins (hydra-submitit-launcher, hydra-optuna-sweeper)
+CLUSTER_PLUGINS = ("hydra/launcher/submitit_slurm", "hydra/launcher/submitit_local", "hydra/sweeper/optuna")
 
 
 def _jobs(overrides: list[str]) -> list[list[str]]:
@@ -43,12 +45,13 @@ def one_line(config_name: str, overrides: list[str], error: Exception) -> str:
     if isinstance(error, MissingConfigException) and (m := re.search(r"Could not (find|load) '([^']+)/([^'/]+)'",
                                                                       message)):
         listed, group, option = m.group(1) == "load", m.group(2), m.group(3)  # load: one option of a list
+        given = next((o for o in overrides if o.lstrip("+~").split("=")[0] == group), f"{group}={option}")
+        if f"{group}/{option}" in CLUSTER_PLUGINS:
+            return f'{given}: {group}/{option} is a Hydra plugin that is not installed: pip install ".[cluster]"'
         options = (sorted(f.stem for f in (CONF / group).glob("*.yaml")) if listed
                    else re.findall(r"^\t(\S+)$", message, flags=re.M))
-        group = group.replace("/", ".")
         close = difflib.get_close_matches(option, options, n=1)
         hint = f" (did you mean {close[0]}?)" if close else ""
-        given = next((o for o in overrides if o.lstrip("+~").split("=")[0] == group), f"{group}={option}")
         return f"{given}: {option + ' is ' if listed else ''}not an option of {group}{hint}: {', '.join(options)}"
     if isinstance(error, ConfigCompositionException) and (m := re.match(r"Could not override '([^']+)'", message)):
         key = m.group(1)
@@ -73,11 +76,11 @@ def one_line(config_name: str, overrides: list[str], error: Exception) -> str:
 
 def check_command_line(config_name: str, argv: list[str] | None = None) -> None:
     """Compose `config_name` with the command line's overrides (each value of a `-m` grid once; `hydra.*` keys are
-    Hydra's own); one line and exit 2 if it does not compose."""
+    Hydra's own, its `hydra/` groups are composed too); one line and exit 2 if it does not compose."""
     args = sys.argv[1:] if argv is None else argv
     if any(a.startswith("-") and a not in HYDRA_FLAGS for a in args):
         return
-    overrides = [a for a in args if a not in HYDRA_FLAGS and not a.lstrip("+~").startswith(("hydra.", "hydra/"))]
+    overrides = [a for a in args if a not in HYDRA_FLAGS and not a.lstrip("+~").startswith("hydra.")]
     job = overrides  # what a parse error names (_jobs raises before any job)
     try:
         for job in _jobs(overrides) if any(a in HYDRA_FLAGS for a in args) else [overrides]:

@@ -12,15 +12,17 @@ running them (one `ok` or `error:` line each).
 from __future__ import annotations
 
 import difflib
+import functools
 import inspect
 import re
 import shutil
 import sys
 from pathlib import Path
-from typing import Any, Callable, NoReturn, Sequence
+from typing import Any, Callable, Iterator, NoReturn, Sequence
 
 from hydra.experimental.callback import Callback
-from hydra.utils import get_class, get_method
+from hydra._internal.utils import _locate
+from hydra.utils import get_method
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
 from genrec.data.readers.common import is_reader
@@ -290,30 +292,68 @@ def _callbacks_keep_checkpoints(cfg: DictConfig) -> str | None:
             f"(conf/callbacks/checkpoints.yaml: best.ckpt, last.ckpt), e.g. callbacks=[default,...]")
 
 
-def _lightning_arguments(cfg: DictConfig) -> str | None:
-    """Every key of `trainer.lightning` and of each callback is an argument of its `_target_` (a typo fails
-    here, not when the Trainer is built after the data stage)."""
-    callbacks = _get(cfg, "callbacks")
-    for key in ["trainer.lightning", *(f"callbacks.{k}" for k in (callbacks if isinstance(callbacks, dict) else {}))]:
-        node = _get(cfg, key)
-        if not isinstance(node, dict) or "_target_" not in node:
-            continue
+def _targets(node: Any, key: str = "") -> Iterator[tuple[str, dict]]:
+    """(dotted key, node) of every node with a `_target_` in a config container (Hydra's own `hydra` left out)."""
+    if isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from _targets(value, f"{key}[{i}]")
+    elif isinstance(node, dict):
+        if "_target_" in node:
+            yield key, node
+        for k, value in node.items():
+            if key or k != "hydra":
+                yield from _targets(value, f"{key}.{k}" if key else str(k))
+
+
+def _near(name: str, names) -> str:
+    close = difflib.get_close_matches(name, list(names), 1)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def _constructor_arguments(cfg: DictConfig) -> str | None:
+    """Every key of every node with a `_target_` (objective, backbone, eval, tokenizer, embedder, dataset.reader,
+    logger, trainer.lightning, callbacks, ...) is an argument of its target: genrec instantiates each node whole, so
+    a typo would fail only once it is built, after the data stage. `_` keys are Hydra's (a `_partial_` node takes the
+    same arguments); `**kwargs` take any key, but not `**legacy` (the backbones': saved configs' former keys)."""
+    for key, node in _targets(OmegaConf.to_container(cfg)):
+        target = node["_target_"]
         try:
-            params = inspect.signature(get_class(node["_target_"])).parameters
+            made = _locate(str(target))
         except Exception:
-            return f"{key}._target_={node['_target_']}: an importable class"
-        if any(p.kind == p.VAR_KEYWORD for p in params.values()):
+            return f"{key}._target_={target}: an importable class or function"
+        try:
+            params = inspect.signature(made).parameters
+        except (TypeError, ValueError):  # no signature to check against (some builtins)
+            continue
+        if any(p.kind == p.VAR_KEYWORD and p.name != "legacy" for p in params.values()):
             continue
         for arg in node:
             if not arg.startswith("_") and arg not in params:
-                near = difflib.get_close_matches(arg, params, 1)
-                return f"{key}.{arg}: not an argument of {node['_target_']}" + (f" (did you mean {near[0]}?)" if near else "")
+                return f"{key}.{arg}: not an argument of {target}" + _near(arg, params)
+    return None
+
+
+@functools.cache
+def _option_keys(group: str) -> frozenset[str]:
+    """The keys the options of conf/<group>/ set."""
+    return frozenset(k for p in (CONF / group).glob("*.yaml") for k in OmegaConf.load(p) if k != "defaults")
+
+
+def _group_keys(cfg: DictConfig) -> str | None:
+    """Groups genrec reads key by key (no `_target_`) take only keys an option of theirs sets: a `+` key no
+    option has (`+optim.lrr=...`) is read by no code."""
+    for group in ("dataset", "optim", "trainer"):
+        node, known = cfg.get(group), _option_keys(group)
+        for key in node.keys() if isinstance(node, DictConfig) else []:
+            if key not in known:
+                return f"{group}.{key}: not read by genrec, no conf/{group}/*.yaml has it" + _near(key, known)
     return None
 
 
 CROSS: list[Callable[[DictConfig], str | None]] = [_ks_within_beam, _monitor_is_logged, _heads_fit, _sdpo_has_a_start,
                                                    _micro_batches_as_the_recipe, _stage1_is_an_objective, _reader_is_a_reader,
-                                                   _callbacks_keep_checkpoints, _lightning_arguments]
+                                                   _callbacks_keep_checkpoints, _constructor_arguments,
+                                                   _group_keys]
 
 REPORT_METRIC = re.compile(r"(?:full/)?(?:recall|ndcg)@[1-9]\d*|(?:prefix_recall|pruning_rate|last_batch_loss)@[1-9]\d*"
                            r"|(?:objective_)?loss|users")
@@ -453,9 +493,9 @@ def refuse(error: Exception | str) -> NoReturn:
 
 
 def _forget_run_dir() -> None:
-    """Remove the run dir Hydra made for a refused single run if it holds only Hydra's own files (.hydra/,
-    <job>.log) and genrec.train's record of its command (overrides.yaml), so no report lists it as a running, later
-    failed, run. A dir holding anything else is kept."""
+    """Remove the run dir Hydra made for a refused single run if it holds only Hydra's own files (.hydra/, its
+    processes' *.log) and genrec.train's record of its command (overrides.yaml) and claim (.lock), so no report lists
+    it as a running, later failed, run. A dir holding anything else is kept."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
@@ -465,7 +505,8 @@ def _forget_run_dir() -> None:
     out = Path(hydra.runtime.output_dir)
     if out.resolve() == Path.cwd().resolve():  # e.g. `genrec.report out=.`: never the folder the user works in
         return
-    if out.is_dir() and all(p.name in (".hydra", f"{hydra.job.name}.log", "overrides.yaml") for p in out.iterdir()):
+    ours = (".hydra", "overrides.yaml", ".lock")
+    if out.is_dir() and all(p.name in ours or p.suffix == ".log" for p in out.iterdir()):
         shutil.rmtree(out, ignore_errors=True)
         cwd = Path.cwd().resolve()
         for parent in out.resolve().parents:  # outputs/eval/ left empty by it, up to the working folder

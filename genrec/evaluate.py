@@ -10,7 +10,8 @@ the checkpoint's model weights, evaluates, and writes `<run dir>/eval/<split>-be
 (`...-<checkpoint name>.json` for a checkpoint other than the run's selected one, e.g. last.ckpt);
 the last line printed is the same JSON object; per user ranks go to `<same name>.ranks.csv`. Every `eval.*`
 key (beam, ks, full_rank, chunk, score, temperature) is the run's own unless this command sets it, one by
-one or as a preset (`eval=bear`); a scoring other than the run's is named in the file name. `split=val`
+one or as a preset (`eval=bear`); ks or a scoring other than the run's are named in the file name
+(`test-beam20-k5_10-masked-t2-full.json`), so evaluations of other settings never share a file. `split=val`
 scores every validation user, also for a run that selected on a `trainer.val_users` sample, into
 eval/val-beam<K>...json with `val/` keys (as the run's own validation metrics: `genrec.report split=val` reads them).
 """
@@ -47,10 +48,16 @@ def locate(ckpt: str) -> tuple[Path, Path]:
     return run_dir, path
 
 
+def number(x: float) -> str:
+    """`x` as its shortest exact text, without a trailing `.0` (1.0: `1`, 0.5: `0.5`)."""
+    return repr(float(x)).removesuffix(".0")
+
+
 def evaluate(cfg: DictConfig) -> dict:
     run_dir, ckpt = locate(cfg.ckpt)
     run_cfg = run_config(run_dir / "config.yaml")
     own = {"score": run_cfg.eval.get("score", "full"), "temperature": run_cfg.eval.get("temperature", 1.0)}
+    own_ks = sorted(set(run_cfg.eval.ks))
     with open_dict(run_cfg):  # (runs from before eval.score scored `full` at temperature 1)
         run_cfg.eval = OmegaConf.merge(own, run_cfg.eval, evaluate_keys(cfg).eval)
         run_cfg.data_dir = cfg.data_dir
@@ -70,9 +77,12 @@ def evaluate(cfg: DictConfig) -> dict:
     beam, full = run_cfg.eval.beam, run_cfg.eval.full_rank
     result = {**metrics, "beam": beam, "full_rank": full, "eval_score": score,
               "eval_temperature": temperature, "checkpoint": str(ckpt)}
-    scoring = "" if (score, temperature) == (own["score"], own["temperature"]) else f"-{score}-t{temperature:g}"
+    # every setting that changes the metrics, its own ks and scoring left out (the names of earlier evaluations)
+    ks = sorted(set(module.evaluator.ks))
+    at = "" if ks == own_ks else "-k" + "_".join(map(str, ks))
+    scoring = "" if (score, temperature) == (own["score"], own["temperature"]) else f"-{score}-t{number(temperature)}"
     other = "" if ckpt == checkpoint_path(run_dir) else f"-{ckpt.stem}"  # not the run's selected checkpoint
-    out = run_dir / "eval" / f"{split}-beam{beam}{scoring}{'-full' if full else ''}{other}.json"
+    out = run_dir / "eval" / f"{split}-beam{beam}{at}{scoring}{'-full' if full else ''}{other}.json"
     out.parent.mkdir(exist_ok=True)
     write_json(out, result)
     examples = dm.splits["test" if split == "test" else "valid"]  # (the data stage names it `valid`)
@@ -82,6 +92,9 @@ def evaluate(cfg: DictConfig) -> dict:
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="evaluate")
 def main(cfg: DictConfig) -> None:
+    if OmegaConf.is_missing(cfg, "ckpt") or not cfg.ckpt:
+        refuse("ckpt: missing: the run to evaluate, ckpt=<run dir or .ckpt> (a run dir: its checkpoints/best.ckpt, "
+               "else last.ckpt)")
     exit_if_invalid(cfg, trainer=True)  # this command's values (a null eval key: the run's), before the run is read
     try:
         result = evaluate(cfg)

@@ -101,8 +101,7 @@ def find_resume_dir(cfg: DictConfig) -> Path | None:
         path = Path(str(cfg.resume))
         path = path.parent.parent if path.suffix == ".ckpt" else path
         if last_checkpoint(path) is None:
-            raise DataError(f"resume={cfg.resume}: no checkpoints/last.ckpt (nor stage1/checkpoints/last.ckpt) "
-                            f"under {path}")
+            raise DataError(f"resume={cfg.resume}: no checkpoints/last.ckpt under {path}")
         return path
     if started(here):  # with no checkpoint yet it starts over, in place
         return here

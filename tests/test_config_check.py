@@ -3,6 +3,7 @@
 import os
 import subprocess
 import sys
+from importlib.util import find_spec
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,11 @@ CONF = ROOT / "conf"
 def cfg(*overrides: str, name: str = "config"):
     with initialize_config_dir(str(CONF), version_base="1.3"):
         return compose(name, overrides=list(overrides))
+
+
+def installed(plugin: str) -> bool:
+    """Whether Hydra's plugin `plugin` (e.g. hydra_submitit_launcher, of pyproject's cluster extra) is installed."""
+    return find_spec("hydra_plugins") is not None and find_spec(f"hydra_plugins.{plugin}") is not None
 
 
 BAD = [  # (overrides, the one line after "error: ")
@@ -109,7 +115,27 @@ BAD = [  # (overrides, the one line after "error: ")
      "callbacks.early_stopping.patiense: not an argument of genrec.callbacks.ResumableEarlyStopping "
      "(did you mean patience?)"),
     (["+callbacks.swa._target_=lightning.pytorch.callbacks.SWA"],
-     "callbacks.swa._target_=lightning.pytorch.callbacks.SWA: an importable class"),
+     "callbacks.swa._target_=lightning.pytorch.callbacks.SWA: an importable class or function"),
+    # a `+` key of any node with a `_target_`: an argument of its target, else it fails after the data stage
+    (["experiment=tiny", "+objective.betta=0.3"], "objective.betta: not an argument of genrec.objectives.ce.CE"),
+    (["objective=apao", "+objective.betta=0.3"],
+     "objective.betta: not an argument of genrec.objectives.apao.APAO (did you mean beta?)"),
+    (["+eval.bem=5"], "eval.bem: not an argument of genrec.eval.evaluator.Evaluator (did you mean beam?)"),
+    (["+backbone.foo=1"], "backbone.foo: not an argument of genrec.models.tiger.Tiger"),  # **legacy: old configs'
+    (["backbone=llama", "+backbone.hidden=64"],
+     "backbone.hidden: not an argument of genrec.models.llama.Llama (did you mean hidden_size?)"),
+    (["+tokenizer.level=2"],
+     "tokenizer.level: not an argument of genrec.sid.tokenizers.RQKMeans (did you mean levels?)"),
+    (["+embedder.foo=1"], "embedder.foo: not an argument of genrec.data.embed.MiniLM"),
+    (["+dataset.reader.foo=1"], "dataset.reader.foo: not an argument of genrec.data.readers.recbole.read"),
+    (["+logger.foo=1"], "logger.foo: not an argument of lightning.pytorch.loggers.CSVLogger"),
+    (["+trainer.lightning.plugins.0.foo=1"],
+     "trainer.lightning.plugins[0].foo: not an argument of genrec.callbacks.AtomicCheckpointIO"),
+    # groups read key by key (no `_target_`): a key no option of the group has is read by nothing
+    (["+optim.lrr=1e-3"], "optim.lrr: not read by genrec, no conf/optim/*.yaml has it (did you mean lr?)"),
+    (["+dataset.foo=1"], "dataset.foo: not read by genrec, no conf/dataset/*.yaml has it"),
+    (["+trainer.max_epoch=3"],
+     "trainer.max_epoch: not read by genrec, no conf/trainer/*.yaml has it (did you mean max_epochs?)"),
     # switches (null: genrec.evaluate's eval.* = the run's own)
     (["eval.full_rank=maybe"], "eval.full_rank=maybe: true or false, or null"),
     (["trainer.deterministic=yes"], "trainer.deterministic=yes: true, false or warn"),
@@ -181,6 +207,18 @@ def _cli(tmp_path: Path, module: str, *args: str) -> subprocess.CompletedProcess
     ("genrec.train", ["experiment=tiny", "eval.beam=0"], "error: eval.beam=0: an integer >= 1"),
     ("genrec.train", ["experiment=tiny", "+trainer.lightning.max_tme=1"],
      "error: trainer.lightning.max_tme: not an argument of lightning.pytorch.Trainer (did you mean max_time?)"),
+    ("genrec.train", ["experiment=tiny", "+objective.betta=0.3"],  # before the data stage, not a TypeError after
+     "error: objective.betta: not an argument of genrec.objectives.ce.CE"),
+    ("genrec.train", ["-m", "experiment=tiny", "+dataset.reader.foo=1"],
+     "error: dataset.reader.foo: not an argument of genrec.data.readers.synthetic.read"),
+    # a `hydra/` group: a typo, or a plugin of the cluster extra that is not installed
+    pytest.param("genrec.train", ["-m", "hydra/launcher=slrum", "experiment=tiny"],
+                 "error: hydra/launcher=slrum: not an option of hydra/launcher (did you mean slurm?): basic, slurm",
+                 marks=pytest.mark.skipif(installed("hydra_submitit_launcher"), reason="its options are listed too")),
+    pytest.param("genrec.train", ["-m", "hydra/launcher=slurm", "experiment=tiny"],
+                 "error: hydra/launcher=slurm: hydra/launcher/submitit_slurm is a Hydra plugin that is not "
+                 "installed: pip install \".[cluster]\"",
+                 marks=pytest.mark.skipif(installed("hydra_submitit_launcher"), reason="the plugin is installed")),
     # what Lightning's Trainer refuses on this machine: found before the data stage, not after it
     ("genrec.train", ["experiment=tiny", "trainer.devices=0"],
      "error: trainer.devices=0: `Trainer(devices=0)` value is not a valid input using cpu accelerator."),
@@ -233,7 +271,9 @@ def test_cli_prints_one_line_and_does_no_work(tmp_path, module, args, line):
 
 
 @pytest.mark.parametrize("args,line", [
-    (["dataset=apao_office", "dataset.root=nowhere"], "error: missing data file nowhere/Office.inter.json (nor Office."
+    # tokenizer=rqkmeans: experiment=tiny's tokenizer.levels are no argument of the release's precomputed IDs
+    (["dataset=apao_office", "tokenizer=rqkmeans", "dataset.root=nowhere"],
+     "error: missing data file nowhere/Office.inter.json (nor Office."
      "inter.json.gz); set dataset.root or run `python -m genrec.download dataset=<name>`"),
     (["init_from=nowhere"], "error: init_from=nowhere: checkpoint nowhere does not exist"),
     (["resume=nowhere"], "error: resume=nowhere: no checkpoints/last.ckpt under nowhere"),
@@ -337,6 +377,20 @@ def test_config_check_cli_gives_one_verdict_per_command_line(tmp_path):
     assert lines[3] == "error: eval.beam=0: an integer >= 1"  # (_cli's data_dir= joins the last command line)
     ok = _cli(tmp_path, "genrec.config_check", "experiment=office_cpu", "--", "trainer=gpu")
     assert (ok.returncode, ok.stdout) == (0, "ok\nok\n")  # a GPU command line checks on a CPU machine too
+
+
+@pytest.mark.parametrize("args", [
+    ["+objective.betta=0.3"], ["hydra/launcher=slrum"],
+    pytest.param(["hydra/sweeper=optuna"], marks=pytest.mark.skipif(installed("hydra_optuna_sweeper"),
+                                                                     reason="the plugin is installed")),
+])
+def test_config_check_cli_and_train_say_the_same_line(tmp_path, args):
+    """genrec.config_check's verdict is the line genrec.train stops with (exit 2, no run dir)."""
+    verdict = _cli(tmp_path, "genrec.config_check", "experiment=tiny", *args)
+    train = _cli(tmp_path, "genrec.train", "experiment=tiny", *args, f"hydra.run.dir={tmp_path}/run")
+    assert verdict.returncode == train.returncode == 2
+    assert verdict.stdout == train.stderr and verdict.stdout.startswith("error: ") and verdict.stdout.count("\n") == 1
+    assert not (tmp_path / "run").exists() and not (tmp_path / "data").exists()
 
 
 @pytest.mark.parametrize("overrides,line", [

@@ -152,16 +152,17 @@ def test_a_single_run_has_no_group_and_keeps_its_tags(sweep, tmp_path):
     assert run["tags"] == ["mine", "tiny"] and run["exit_code"] == 0
 
 
-def test_a_fresh_run_in_a_reused_dir_is_a_new_wandb_run(sweep, tmp_path):
+def test_a_fresh_start_in_a_dir_holding_a_run_leaves_its_wandb_run_alone(sweep, tmp_path):
     """resume=true continues the dir's W&B run (tests/test_resume.py); a run started afresh in the same
-    dir is a new one, never mixed into the old run's history."""
+    dir is refused (tests/test_run_dirs.py) and never logs into the old run's W&B history."""
     cmd = [sys.executable, "-m", "genrec.train", "experiment=tiny", "trainer.max_epochs=1", "logger=wandb",
            "trainer.limit_train_batches=2", f"hydra.run.dir={tmp_path}/again", f"data_dir={sweep.parent}/data"]
-    for _ in range(2):
-        out = subprocess.run(cmd, cwd=ROOT, env=env(tmp_path), capture_output=True, text=True, timeout=600)
-        assert out.returncode == 0, out.stderr[-3000:]
-    first, second = wandb_runs(tmp_path / "again")
-    assert first["id"] != second["id"] and first["exit_code"] == second["exit_code"] == 0
+    out = subprocess.run(cmd, cwd=ROOT, env=env(tmp_path), capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    (first,) = wandb_runs(tmp_path / "again")
+    out = subprocess.run(cmd, cwd=ROOT, env=env(tmp_path), capture_output=True, text=True, timeout=600)
+    assert out.returncode == 2 and "holds another run" in out.stderr, out.stderr[-3000:]
+    assert wandb_runs(tmp_path / "again") == [first] and first["exit_code"] == 0
 
 
 def test_report_logs_the_paper_table_and_plots_as_one_wandb_run(sweep, tmp_path):
