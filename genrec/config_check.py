@@ -574,6 +574,9 @@ def verdict(overrides: list[str]) -> str:
 def main(args: list[str]) -> None:
     """One line per command line (`a=1 b=2 -- a=3`: two), `ok` or `error: ...`; exit code 2 if any is bad.
     Single runs: a `-m` grid's jobs are checked by genrec.train itself."""
+    if args[:1] in (["-h"], ["--help"]):
+        print(__doc__.strip())
+        sys.exit(0)
     commands, current = [], []
     for a in args + ["--"]:
         if a == "--":

@@ -379,6 +379,13 @@ def test_config_check_cli_gives_one_verdict_per_command_line(tmp_path):
     assert (ok.returncode, ok.stdout) == (0, "ok\nok\n")  # a GPU command line checks on a CPU machine too
 
 
+def test_config_check_help_says_how_to_use_it():
+    """`--help` was read as an override (error: LexerNoViableAltException: --help)."""
+    out = subprocess.run([sys.executable, "-m", "genrec.config_check", "--help"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0 and "python -m genrec.config_check <overrides> [-- <overrides> ...]" in out.stdout
+
+
 @pytest.mark.parametrize("args", [
     ["+objective.betta=0.3"], ["hydra/launcher=slrum"],
     pytest.param(["hydra/sweeper=optuna"], marks=pytest.mark.skipif(installed("hydra_optuna_sweeper"),
