@@ -57,10 +57,20 @@ def claim(run_dir: Path) -> None:
         f.close()
         raise RunDirInUse(f"{run_dir} is in use by another run (pid {holder}); wait for it to end, or give this "
                           f"run another dir (hydra.run.dir=...)") from None
+    except OSError:  # a file system without flock (some network mounts): runs there go unguarded, as before
+        f.close()
+        return
     f.truncate(0)
     f.write(str(os.getpid()))
     f.flush()
     _CLAIMS[run_dir.resolve()] = f
+
+
+def release_claims() -> None:
+    """Let go of every run dir this process claimed (the end of a sweep job: the next job of the sweep, run by
+    the same process, claims its own)."""
+    while _CLAIMS:
+        _CLAIMS.popitem()[1].close()
 
 
 def write_text(path: Path, text: str) -> None:

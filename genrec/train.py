@@ -42,7 +42,8 @@ from genrec.loggers import close_wandb, forget_wandb_run, log_final
 from genrec.malloc import keep_freed_memory
 from genrec.memory import Estimate, check as check_memory
 from genrec.prepare import prepare
-from genrec.runs import RunDirInUse, checkpoint_path, claim, config_changes, run_config, write_json, write_text
+from genrec.runs import (RunDirInUse, checkpoint_path, claim, config_changes, release_claims, run_config, write_json,
+                         write_text)
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
 VOLATILE = ("resume", "run_dir")  # config keys that may differ between a run and its resumption
@@ -383,6 +384,7 @@ def main(cfg: DictConfig) -> float | None:
     try:
         result = run(cfg)
     except BaseException as e:
+        release_claims()
         close_wandb(exit_code=1)  # else the next sweep job in this process would log into this run
         if isinstance(e, NotYours) and not sweep:  # another run's dir: left as it is
             forget_hydra_dir(cfg)
@@ -403,6 +405,7 @@ def main(cfg: DictConfig) -> float | None:
             print(f"error: {e}", file=sys.stderr)
             sys.exit(2)
         raise
+    release_claims()
     # What Optuna sweeps optimise: the monitored VALIDATION value at the best epoch (never test: leakage);
     # its direction is trainer.monitor_mode.
     return result.get(cfg.trainer.monitor)

@@ -140,3 +140,18 @@ def test_init_from_weights_that_do_not_fit_is_one_line_and_leaves_no_run_dir(tmp
         assert says in errors(out)[0] and "Traceback" not in out.stderr
         assert dirs(cwd) == [cwd / "ce"]
         assert not (cwd / "outputs").exists() or not any((cwd / "outputs").rglob("*.yaml"))
+
+
+def test_a_claim_holds_until_released(tmp_path):
+    """A claimed dir is refused to every other process until its holder lets go (a sweep's jobs run in one
+    process: each job releases its dir, so a long sweep holds one lock file, not one per job)."""
+    from genrec.runs import claim, release_claims
+
+    other = [sys.executable, "-c", f"from genrec.runs import claim; claim(__import__('pathlib').Path({str(tmp_path)!r}))"]
+    claim(tmp_path)
+    claim(tmp_path)  # this process again: still its own
+    out = subprocess.run(other, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1 and f"RunDirInUse: {tmp_path} is in use by another run (pid {os.getpid()})" in out.stderr
+    release_claims()
+    out = subprocess.run(other, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
