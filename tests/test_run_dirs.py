@@ -147,7 +147,8 @@ def test_a_claim_holds_until_released(tmp_path):
     process: each job releases its dir, so a long sweep holds one lock file, not one per job)."""
     from genrec.runs import claim, release_claims
 
-    other = [sys.executable, "-c", f"from genrec.runs import claim; claim(__import__('pathlib').Path({str(tmp_path)!r}))"]
+    other = [sys.executable, "-c",
+             f"from pathlib import Path; from genrec.runs import claim; claim(Path({str(tmp_path)!r}))"]
     claim(tmp_path)
     claim(tmp_path)  # this process again: still its own
     out = subprocess.run(other, capture_output=True, text=True, timeout=120)
