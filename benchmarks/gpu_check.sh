@@ -41,7 +41,7 @@ fi
 mkdir -p "$OUT"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 WANDB_MODE=offline
 SMOKE=$SMOKE ROOT=$ROOT OUT=$OUT "$PY" - <<'EOF'
-import json, os, statistics, subprocess, sys, time
+import json, os, shutil, statistics, subprocess, sys, time
 from pathlib import Path
 
 import torch
@@ -86,6 +86,7 @@ clocked("on_validation_epoch_end", after=True)
 def fit(tag: str, *overrides: str) -> dict:
     """One in-process `genrec.train` run: s/epoch (training), validation users/s, peak GPU memory."""
     marks.clear()
+    shutil.rmtree(out / tag, ignore_errors=True)  # a fresh timed run each call (genrec never trains into a used dir)
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     with initialize_config_dir(str(Path("conf").resolve()), version_base="1.3"):
@@ -120,6 +121,7 @@ result["apao_pairwise"] = fit("apao_pairwise", "backbone=tiger" if not smoke els
 gpus = torch.cuda.device_count() if cuda else 0
 if gpus >= 2:
     run_dir = out / "ddp"
+    shutil.rmtree(run_dir, ignore_errors=True)
     cmd = [sys.executable, "-m", "genrec.train", *base, "backbone=tiger", "objective=ce", "trainer=ddp",
            "trainer.devices=2", "trainer.max_epochs=1", f"hydra.run.dir={run_dir}"]
     p = subprocess.run(cmd, capture_output=True, text=True)

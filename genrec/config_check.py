@@ -28,7 +28,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 from genrec.data.readers.common import is_reader
 from genrec.eval.metrics import lower_is_better
 from genrec.models.llama_block import heads_fit
-from genrec.runs import state_per_micro_batch
+from genrec.runs import held_elsewhere, state_per_micro_batch
 
 Check = Callable[[Any], bool]
 CONF = Path(__file__).resolve().parent.parent / "conf"
@@ -495,7 +495,8 @@ def refuse(error: Exception | str) -> NoReturn:
 def _forget_run_dir() -> None:
     """Remove the run dir Hydra made for a refused single run if it holds only Hydra's own files (.hydra/, its
     processes' *.log) and genrec.train's record of its command (overrides.yaml) and claim (.lock), so no report lists
-    it as a running, later failed, run. A dir holding anything else is kept."""
+    it as a running, later failed, run. A dir holding anything else, or that another live run holds (a run in its
+    data stage has written nothing else yet), is kept."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
@@ -506,7 +507,7 @@ def _forget_run_dir() -> None:
     if out.resolve() == Path.cwd().resolve():  # e.g. `genrec.report out=.`: never the folder the user works in
         return
     ours = (".hydra", "overrides.yaml", ".lock")
-    if out.is_dir() and all(p.name in ours or p.suffix == ".log" for p in out.iterdir()):
+    if out.is_dir() and all(p.name in ours or p.suffix == ".log" for p in out.iterdir()) and not held_elsewhere(out):
         shutil.rmtree(out, ignore_errors=True)
         cwd = Path.cwd().resolve()
         for parent in out.resolve().parents:  # outputs/eval/ left empty by it, up to the working folder

@@ -66,6 +66,21 @@ def claim(run_dir: Path) -> None:
     _CLAIMS[run_dir.resolve()] = f
 
 
+def held_elsewhere(run_dir: Path) -> bool:
+    """Whether another live process holds the run dir (`claim`)."""
+    if run_dir.resolve() in _CLAIMS or not (run_dir / ".lock").exists():
+        return False
+    with open(run_dir / ".lock", "a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        except OSError:  # no flock here (see claim)
+            return False
+        fcntl.flock(f, fcntl.LOCK_UN)
+    return False
+
+
 def release_claims() -> None:
     """Let go of every run dir this process claimed (the end of a sweep job: the next job of the sweep, run by
     the same process, claims its own)."""

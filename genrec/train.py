@@ -42,8 +42,8 @@ from genrec.loggers import close_wandb, forget_wandb_run, log_final
 from genrec.malloc import keep_freed_memory
 from genrec.memory import Estimate, check as check_memory
 from genrec.prepare import prepare
-from genrec.runs import (RunDirInUse, checkpoint_path, claim, config_changes, release_claims, run_config, write_json,
-                         write_text)
+from genrec.runs import (RunDirInUse, checkpoint_path, claim, config_changes, held_elsewhere, release_claims,
+                         run_config, write_json, write_text)
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
 VOLATILE = ("resume", "run_dir")  # config keys that may differ between a run and its resumption
@@ -93,8 +93,9 @@ def started(run_dir: Path) -> bool:
 
 
 def find_resume_dir(cfg: DictConfig) -> Path | None:
-    """The run dir to continue: `resume=<run dir or ckpt>`, or with `resume=true` this run
-    dir if it has a last.ckpt, else the newest sibling run with the same config."""
+    """The run dir to continue: `resume=<run dir or ckpt>`, or with `resume=true` this run dir if a run started
+    in it (from its last.ckpt, or stage 1's, else over), else the newest sibling run with the same config and a
+    last.ckpt that no live process holds."""
     if cfg.resume in (False, None, "false"):
         return None
     here = Path(cfg.run_dir)
@@ -107,8 +108,9 @@ def find_resume_dir(cfg: DictConfig) -> Path | None:
     if started(here):  # with no checkpoint yet it starts over, in place
         return here
     want = _comparable(cfg)
-    runs = [d for d in here.parent.iterdir() if d != here and last_checkpoint(d)] if here.parent.is_dir() else []
-    for run in sorted(runs, key=lambda d: last_checkpoint(d).stat().st_mtime, reverse=True):
+    runs = [(c.stat().st_mtime, d) for d in (here.parent.iterdir() if here.parent.is_dir() else [])
+            if d != here and (c := last_checkpoint(d)) and not held_elsewhere(d)]  # a live run is not to resume
+    for _, run in sorted(runs, reverse=True):
         saved = run / ".hydra" / "config.yaml"
         if saved.exists() and _comparable(OmegaConf.load(saved)) == want:
             return run
@@ -155,7 +157,11 @@ def check_resumable(cfg: DictConfig, run_dir: Path) -> None:
     before any compute, else the checkpoint would go on under another recipe and its record would say the new one.
     A two-stage run killed in stage 1 is checked on stage 1's config."""
     saved, now = run_dir / "config.yaml", cfg.copy()
-    if not saved.exists() and cfg.get("stage1"):
+    if not saved.exists() and (run_dir / "stage1" / "config.yaml").exists():
+        if not cfg.get("stage1"):
+            raise ResumeMismatch(f"resume: {run_dir} is a two-stage run killed in stage 1, this config has no "
+                                 f"stage 1; resume it with its own overrides ({run_dir / 'overrides.yaml'}) or start "
+                                 f"a new run dir")
         saved, now = run_dir / "stage1" / "config.yaml", stage1_config(cfg)
     if not saved.exists():
         return
@@ -210,23 +216,32 @@ def check_init_from(cfg: DictConfig) -> None:
     except FileNotFoundError as e:
         raise DataError(f"init_from={cfg.init_from}: {e}") from None
     saved = ckpt.parent.parent / "config.yaml"
-    if saved.exists() and (was := run_config(saved).backbone.get("_target_")) != cfg.backbone.get("_target_"):
+    if ckpt.parent.name == "checkpoints" and saved.exists() and (was := run_config(saved).backbone.get("_target_")) != cfg.backbone.get("_target_"):
         raise DataError(f"init_from={cfg.init_from}: a {was} run; this run's backbone is {cfg.backbone._target_}")
 
 
 def run(cfg: DictConfig) -> dict:
     """Train and test `cfg`; with `stage1` (an objective name, e.g. objective=sdpo_2stage) a pipeline:
     stage 1 trains that objective into <run dir>/stage1 (skipped once its metrics.json exists),
-    then this config starts from stage 1's checkpoint (`init_from`)."""
+    then this config starts from stage 1's checkpoint (`init_from`). The run dir is held while it runs."""
+    try:
+        return _run(cfg)
+    finally:
+        release_claims()  # the next job of a sweep, or an in-process caller's next run, claims its own
+
+
+def _run(cfg: DictConfig) -> dict:
     start = time.time()
     check(cfg, trainer=True)
     resume_dir = find_resume_dir(cfg)
     if resume_dir is not None:
         with open_dict(cfg):
             cfg.run_dir = str(resume_dir)
-        check_resumable(cfg, resume_dir)
     if rank_zero_only.rank == 0:  # a DDP run's other processes run inside the launching one's claim
         take_run_dir(Path(cfg.run_dir), fresh=resume_dir is None)
+    if resume_dir is not None:
+        check_resumable(cfg, resume_dir)
+    if rank_zero_only.rank == 0:
         forget_hydra_dir(cfg)
     record_command(Path(cfg.run_dir), fresh=resume_dir is None)
     if cfg.get("init_from"):  # before any compute
@@ -384,7 +399,6 @@ def main(cfg: DictConfig) -> float | None:
     try:
         result = run(cfg)
     except BaseException as e:
-        release_claims()
         close_wandb(exit_code=1)  # else the next sweep job in this process would log into this run
         if isinstance(e, NotYours) and not sweep:  # another run's dir: left as it is
             forget_hydra_dir(cfg)
@@ -405,7 +419,6 @@ def main(cfg: DictConfig) -> float | None:
             print(f"error: {e}", file=sys.stderr)
             sys.exit(2)
         raise
-    release_claims()
     # What Optuna sweeps optimise: the monitored VALIDATION value at the best epoch (never test: leakage);
     # its direction is trainer.monitor_mode.
     return result.get(cfg.trainer.monitor)

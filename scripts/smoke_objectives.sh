@@ -9,4 +9,4 @@ exec .venv/bin/python -m genrec.train -m "$@" \
   backbone=tiger,llama objective=ce,msl,apao_pointwise,apao_pairwise,bear,sdpo_2stage \
   trainer.max_epochs=1 trainer.limit_train_batches=2 trainer.limit_val_batches=1 trainer.limit_test_batches=1 \
   trainer.batch_size=64 trainer.accumulate=1 trainer.progress_bar=false \
-  hydra.sweep.dir=outputs/smoke/'${now:%Y-%m-%d_%H-%M-%S}'
+  hydra.sweep.dir=outputs/smoke/'${now:%Y-%m-%d_%H-%M-%S.%f}'

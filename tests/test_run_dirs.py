@@ -115,6 +115,8 @@ def test_a_two_stage_run_killed_in_stage_1_resumes_there_and_leaves_no_other_dir
     assert out.returncode == -9, out.stderr[-3000:]
     [killed] = dirs(tmp_path / "work")
     assert (killed / "stage1" / "checkpoints" / "last.ckpt").exists() and not (killed / "checkpoints").exists()
+    out = train(tmp_path / "work", "trainer.max_epochs=2", f"resume={killed}")  # not a two-stage config
+    assert out.returncode == 2 and "a two-stage run killed in stage 1" in errors(out)[0], out.stderr[-3000:]
     out = train(tmp_path / "work", *two_stage, "resume=true")
     assert out.returncode == 0, out.stderr[-3000:]
     assert f"resume: continuing {killed / 'stage1'} after epoch 0" in out.stdout
@@ -156,3 +158,25 @@ def test_a_claim_holds_until_released(tmp_path):
     release_claims()
     out = subprocess.run(other, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
+
+
+def test_a_refused_start_never_removes_a_dir_another_run_holds(tmp_path):
+    """A run in its data stage has written only what a refused start's own leftovers are (.hydra/, overrides.yaml,
+    .lock): a refused start given the same dir must not take it for its own and remove it."""
+    cwd, run = tmp_path / "work", tmp_path / "work" / "run"
+    cwd.mkdir()
+    hold = f"import time; from pathlib import Path; from genrec.runs import claim; claim(Path({str(run)!r}))"
+    holder = subprocess.Popen([sys.executable, "-c", hold + "; print('held', flush=True); time.sleep(600)"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        (run / ".hydra").mkdir()
+        (run / "overrides.yaml").write_text("[]\n")
+        out = train(cwd, "eval.beam=0", f"hydra.run.dir={run}")
+        assert out.returncode == 2 and errors(out) == ["error: eval.beam=0: an integer >= 1"], out.stderr[-3000:]
+        assert sorted(p.name for p in run.iterdir()) == [".hydra", ".lock", "overrides.yaml"]
+    finally:
+        holder.kill()
+        holder.wait()
+    out = train(cwd, "eval.beam=0", f"hydra.run.dir={run}")  # no one holds it: a refused start's dir, removed
+    assert out.returncode == 2 and not run.exists()
