@@ -216,7 +216,8 @@ def check_init_from(cfg: DictConfig) -> None:
     except FileNotFoundError as e:
         raise DataError(f"init_from={cfg.init_from}: {e}") from None
     saved = ckpt.parent.parent / "config.yaml"
-    if ckpt.parent.name == "checkpoints" and saved.exists() and (was := run_config(saved).backbone.get("_target_")) != cfg.backbone.get("_target_"):
+    was = run_config(saved).backbone.get("_target_") if ckpt.parent.name == "checkpoints" and saved.exists() else None
+    if was is not None and was != cfg.backbone.get("_target_"):
         raise DataError(f"init_from={cfg.init_from}: a {was} run; this run's backbone is {cfg.backbone._target_}")
 
 
