@@ -238,11 +238,9 @@ def _run(cfg: DictConfig) -> dict:
     if resume_dir is not None:
         with open_dict(cfg):
             cfg.run_dir = str(resume_dir)
+        check_resumable(cfg, resume_dir)  # read only: a refused resume leaves every file as it was
     if rank_zero_only.rank == 0:  # a DDP run's other processes run inside the launching one's claim
         take_run_dir(Path(cfg.run_dir), fresh=resume_dir is None)
-    if resume_dir is not None:
-        check_resumable(cfg, resume_dir)
-    if rank_zero_only.rank == 0:
         forget_hydra_dir(cfg)
     record_command(Path(cfg.run_dir), fresh=resume_dir is None)
     if cfg.get("init_from"):  # before any compute
@@ -409,7 +407,7 @@ def main(cfg: DictConfig) -> float | None:
             refuse(e)  # bad input before any training (data file, init_from, resume dir): one line, no run dir left
         # Recorded in the run dir (the report shows the cell as failed); in a sweep the
         # exception goes to Hydra, which runs the remaining jobs before it reports failures.
-        if not isinstance(e, NotYours):
+        if not isinstance(e, NotYours) and not held_elsewhere(Path(cfg.run_dir)):
             Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
             record = {"error": f"{type(e).__name__}: {e}"}
             if hint := lost_peer_hint(e):
