@@ -88,3 +88,10 @@ def check_command_line(config_name: str, argv: list[str] | None = None) -> None:
     except (ConfigCompositionException, MissingConfigException, OverrideParseException) as e:
         print(f"error: {one_line(config_name, job, e)}", file=sys.stderr)
         sys.exit(2)
+
+
+def without_run_dir() -> None:
+    """For a tool that is not an experiment (its output lives in the data cache): no Hydra run folder under outputs/
+    for a report to list, no log file. Set before the command line's own `hydra.*` overrides, which still win."""
+    sys.argv[1:1] = ["hydra.run.dir=.", "hydra.output_subdir=null",
+                     "hydra/job_logging=none", "hydra/hydra_logging=none"]

@@ -487,12 +487,12 @@ def exit_if_invalid(cfg: DictConfig, trainer: bool = False, report: bool = False
 
 def refuse(error: Exception | str) -> NoReturn:
     """Stop a single run on bad config or input: `error: ...` on stderr, exit code 2, no run dir left."""
-    _forget_run_dir()
+    forget_run_dir()
     print(f"error: {error}", file=sys.stderr)
     sys.exit(2)
 
 
-def _forget_run_dir() -> None:
+def forget_run_dir() -> None:
     """Remove the run dir Hydra made for a refused single run if it holds only Hydra's own files (.hydra/, its
     processes' *.log) and genrec.train's record of its command (overrides.yaml) and claim (.lock), so no report lists
     it as a running, later failed, run. A dir holding anything else, or that another live run holds (a run in its

@@ -22,7 +22,7 @@ import hydra
 from omegaconf import DictConfig
 from tqdm import tqdm
 
-from genrec.cli import check_command_line
+from genrec.cli import check_command_line, without_run_dir
 from genrec.data.readers.common import DataError
 
 CHUNK = 1 << 20
@@ -101,7 +101,5 @@ def main(cfg: DictConfig) -> None:
 
 if __name__ == "__main__":
     check_command_line("config")  # an override that does not compose: one line, exit 2
-    # a download is not an experiment: no run folder under outputs/, no log file (user overrides come later)
-    sys.argv[1:1] = ["hydra.run.dir=.", "hydra.output_subdir=null",
-                     "hydra/job_logging=none", "hydra/hydra_logging=none"]
+    without_run_dir()
     main()

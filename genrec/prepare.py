@@ -10,7 +10,6 @@ summary; the last line is one JSON object for scripts.
 from __future__ import annotations
 
 import json
-import sys
 import time
 from dataclasses import dataclass, field
 
@@ -20,7 +19,7 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from genrec.cli import check_command_line
+from genrec.cli import check_command_line, without_run_dir
 from genrec.config_check import exit_if_invalid, refuse
 from genrec.data.preprocess import (SeqData, build_sequences, item_texts, leave_one_out, sliding_window,
                                     template_fields)
@@ -142,8 +141,5 @@ def main(cfg: DictConfig) -> None:
 
 if __name__ == "__main__":
     check_command_line("config")  # an override that does not compose: one line, exit 2
-    # the artefacts live in the cache (data_dir): no run folder under outputs/ for a report to list as a failed
-    # run, no log file (user overrides come later)
-    sys.argv[1:1] = ["hydra.run.dir=.", "hydra.output_subdir=null",
-                     "hydra/job_logging=none", "hydra/hydra_logging=none"]
+    without_run_dir()
     main()

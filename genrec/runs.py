@@ -41,24 +41,35 @@ class RunDirInUse(RuntimeError):
 _CLAIMS: dict = {}  # run dir -> its open lock file, for the run dirs this process holds (released when it exits)
 
 
+def _lock(f) -> bool | None:
+    """flock the open file `f` exclusively, without waiting: True (this process holds it now), False (another
+    process does), None (no flock on this file system, e.g. some network mounts)."""
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    except OSError:
+        return None
+    return True
+
+
 def claim(run_dir: Path) -> None:
     """Hold `<run dir>/.lock` for the rest of this process's life (the kernel releases it however the process
     ends, kill -9 included), so that no second process trains into the same dir at the same time: two runs given
-    one dir, or a resume of a run that is still running. Raises RunDirInUse naming the holder's pid."""
+    one dir, or a resume of a run that is still running. Raises RunDirInUse naming the holder's pid. On a file
+    system without flock, runs go unguarded, as before."""
     if run_dir.resolve() in _CLAIMS:
         return
     run_dir.mkdir(parents=True, exist_ok=True)
     f = open(run_dir / ".lock", "a+")
-    try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+    got = _lock(f)
+    if not got:
         f.seek(0)
         holder = f.read().strip() or "?"
         f.close()
-        raise RunDirInUse(f"{run_dir} is in use by another run (pid {holder}); wait for it to end, or give this "
-                          f"run another dir (hydra.run.dir=...)") from None
-    except OSError:  # a file system without flock (some network mounts): runs there go unguarded, as before
-        f.close()
+        if got is False:
+            raise RunDirInUse(f"{run_dir} is in use by another run (pid {holder}); wait for it to end, or give this "
+                              f"run another dir (hydra.run.dir=...)")
         return
     f.truncate(0)
     f.write(str(os.getpid()))
@@ -70,15 +81,8 @@ def held_elsewhere(run_dir: Path) -> bool:
     """Whether another live process holds the run dir (`claim`)."""
     if run_dir.resolve() in _CLAIMS or not (run_dir / ".lock").exists():
         return False
-    with open(run_dir / ".lock", "a+") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True
-        except OSError:  # no flock here (see claim)
-            return False
-        fcntl.flock(f, fcntl.LOCK_UN)
-    return False
+    with open(run_dir / ".lock", "a+") as f:  # closing it lets go of a lock taken here
+        return _lock(f) is False
 
 
 def release_claims() -> None:

@@ -33,7 +33,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from genrec.callbacks import Checkpoints, best_of
 from genrec.cli import check_command_line
-from genrec.config_check import _forget_run_dir as forget_run_dir, check, exit_if_invalid, refuse
+from genrec.config_check import check, exit_if_invalid, forget_run_dir, refuse
 from genrec.data.datamodule import SeqDataModule
 from genrec.data.readers.common import DataError
 from genrec.eval.metrics import is_loss
