@@ -37,7 +37,7 @@ class Checkpoints(ModelCheckpoint):
 
     def on_train_epoch_end(self, trainer: L.Trainer, module: L.LightningModule) -> None:
         super().on_train_epoch_end(trainer, module)
-        trainer.save_checkpoint(Path(self.dirpath) / "last.ckpt")
+        trainer.save_checkpoint(Path(self.dirpath) / "last.ckpt", weights_only=False)  # the full state (resume)
 
 
 class ResumableEarlyStopping(EarlyStopping):

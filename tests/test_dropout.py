@@ -5,7 +5,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from genrec.models.dropout import Dropout, dropout, replace_dropout
+from genrec.models.dropout import Dropout, as_dtype, dropout, dropout_unscaled, replace_dropout
 
 
 @pytest.mark.parametrize("p", [0.1, 0.5])
@@ -51,3 +51,32 @@ def test_replace_dropout_swaps_modules():
     net.eval()
     x = torch.randn(3, 4)
     assert torch.equal(net(x), net[0](x))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float64, torch.bool])
+def test_as_dtype_is_the_cast(dtype):
+    keep = torch.rand(37, 41) > 0.3
+    out = as_dtype(keep, dtype)
+    assert out.dtype == dtype and torch.equal(out, keep.to(dtype))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+def test_unscaled_dropout_times_its_scale_is_dropout(dtype):
+    """(x * keep, 1 / (1 - p)) from the same draw as `dropout`, and the scale applied after a product (as TIGER's
+    feed-forward does) gives dropout's output and gradients."""
+    x = (torch.rand(64, 48, dtype=torch.double) + 0.5).to(dtype).requires_grad_(True)
+    w = torch.randn(48, 16, dtype=dtype)
+    torch.manual_seed(7)
+    ref = dropout(x, 0.25) @ w
+    ref.sum().backward()
+    g, x.grad = x.grad.clone(), None
+    torch.manual_seed(7)
+    h, scale = dropout_unscaled(x, 0.25)
+    out = (h @ w) * scale
+    out.sum().backward()
+    assert scale == 1 / 0.75 and set(torch.unique(h / x).tolist()) == {0.0, 1.0}
+    tol = {"atol": 1e-12, "rtol": 1e-12} if dtype == torch.float64 else {"atol": 0.05, "rtol": 0.02}  # bf16 rounding
+    torch.testing.assert_close(out, ref, **tol)
+    torch.testing.assert_close(x.grad, g, **tol)
+    for off in (dropout_unscaled(x, 0.25, training=False), dropout_unscaled(x, 0.0)):
+        assert off[0] is x and off[1] == 1.0
