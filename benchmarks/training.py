@@ -12,7 +12,8 @@ run, as a ratio to float32; for Llama also bf16 with its training prefill attent
 also bf16 at dropout 0 (`--dropout0`: what dropping dropout would buy, e.g. callbacks.late_dropout's first
 epochs), with the decoder's attention explicit (now) and in SDPA (before 2026-12-06), as ratios; and TIGER bf16 with
 the dropout and training attention of before 2026-12-07 (bool-mask products, the feed-forward's 1/(1-p) on d_ff
-elements, float32-promoted attention scores), as a ratio. For the bf16
+elements, float32-promoted attention scores, the decoder's cross-attention over K/V projected from the encoder states
+instead of the states themselves), as a ratio, and the ratio the cross-attention alone makes. For the bf16
 step also its matmul FLOPs (forward and backward, torch's FlopCounterMode) per CPU second, as a share of one large
 bf16 matmul's on this CPU (`bf16_of_matmul_peak`: the roofline; what is left above it is all a faster step could
 gain while the model's arithmetic stays the same). The cores
@@ -36,7 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from genrec.models import dropout as dropout_module
-from genrec.models import llama_block, t5_block
+from genrec.models import llama_block, t5_block, tiger
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -69,13 +70,15 @@ def float32_score_attention(block: t5_block.Block, q, k, v, bias, mask):
     return y.transpose(1, 2).flatten(-2)
 
 
-def dropout_before_20261207():
-    """The patches that restore TIGER's CPU dropout and training attention as they were before 2026-12-07."""
-    return [mock.patch.object(dropout_module._KeepScale, "forward", staticmethod(mask_product_dropout)),
-            mock.patch.object(dropout_module._KeepScale, "backward", staticmethod(mask_product_backward)),
-            mock.patch.object(t5_block, "dropout_unscaled", lambda x, p, training=True: (
-                dropout_module.dropout(x, p, training), 1.0)),  # the scale on d_ff elements, before wo
-            mock.patch.object(t5_block.Block, "attention", float32_score_attention)]
+def before_20261207(absorb: bool = False) -> list:
+    """The patches that restore TIGER's CPU dropout and training attention as they were before 2026-12-07 (with
+    `absorb`: all but the cross-attention, which meets the encoder states directly since then)."""
+    old = [mock.patch.object(dropout_module._KeepScale, "forward", staticmethod(mask_product_dropout)),
+           mock.patch.object(dropout_module._KeepScale, "backward", staticmethod(mask_product_backward)),
+           mock.patch.object(t5_block, "dropout_unscaled", lambda x, p, training=True: (
+               dropout_module.dropout(x, p, training), 1.0)),  # the scale on d_ff elements, before wo
+           mock.patch.object(t5_block.Block, "attention", float32_score_attention)]
+    return old if absorb else [mock.patch.object(tiger, "absorbs", lambda *a: False), *old]
 
 
 def sdpa_cross_attention(block: t5_block.Block, q, k, v, bias, mask):
@@ -124,12 +127,14 @@ def main() -> None:
                 with mock.patch.object(llama_block, "prefill_attention", sdpa):
                     train.step(max(bucketed, key=lambda x: x["history"].shape[1]))
                     best[b]["bf16_sdpa"] = best_times(train.step, bucketed, args.min_seconds)
-            if b == "tiger":  # the same step with the dropout and attention of before 2026-12-07
+            for key, absorb in [("bf16_before_20261207", False), ("bf16_before_20261207_but_absorbed", True)]:
+                if b != "tiger":  # the same step with the dropout and attention of before 2026-12-07
+                    break
                 with contextlib.ExitStack() as stack:
-                    for patch in dropout_before_20261207():
+                    for patch in before_20261207(absorb):
                         stack.enter_context(patch)
                     train.step(max(bucketed, key=lambda x: x["history"].shape[1]))
-                    best[b]["bf16_old_dropout"] = best_times(train.step, bucketed, args.min_seconds)
+                    best[b][key] = best_times(train.step, bucketed, args.min_seconds)
             if b == "tiger" and args.dropout0:  # dropout 0, and so with SDPA's
                 train = TrainStep(*office(["backbone=tiger", "objective=ce", "backbone.dropout=0.0"], args.batch_size),
                                   bf16=True)  # backward in the cross-attention (genrec before 2026-12-06)
@@ -158,8 +163,10 @@ def main() -> None:
             row["bf16_speedup_cpu"] = round(row["bf16_samples_per_cpu_s"] / row["samples_per_cpu_s"], 2)
             row["bf16_matmul_gflops_per_cpu_s"] = round(t["bf16_flops"] / t["bf16"][1] / 1e9, 1)
             row["bf16_of_matmul_peak"] = round(row["bf16_matmul_gflops_per_cpu_s"] / result["matmul_peak_gflops_bf16"], 3)
-        if t.get("bf16_old_dropout"):
-            row["bf16_vs_dropout_before_20261207_cpu"] = round(t["bf16_old_dropout"][1] / t["bf16"][1], 2)
+        if t.get("bf16_before_20261207"):
+            row["bf16_vs_before_20261207_cpu"] = round(t["bf16_before_20261207"][1] / t["bf16"][1], 2)
+            row["bf16_absorbed_cross_vs_projected_cpu"] = round(
+                t["bf16_before_20261207"][1] / t["bf16_before_20261207_but_absorbed"][1], 2)
         if t.get("bf16_p0"):
             row["bf16_dropout0_samples_per_cpu_s"] = round(n_bucketed / t["bf16_p0"][1], 1)
             row["bf16_dropout0_vs_dropout_cpu"] = round(t["bf16"][1] / t["bf16_p0"][1], 2)

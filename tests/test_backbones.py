@@ -210,12 +210,15 @@ def test_llama_bf16_training_attention_matches_a_float64_reference(monkeypatch):
     assert (explicit - sdpa).abs().max() < 2**-7 * sdpa.abs().max()  # two bf16 roundings
 
 
-def test_tiger_training_graph_unbinds_the_cross_attention_kv():
-    """Each decoder layer takes its cross-attention K/V from the encoder's one projection by unbinding it: an index
-    (SelectBackward) would zero-fill a gradient of all layers' K/V per layer in backward (~8% of a CE step)."""
-    model, b = make("tiger"), batch()
+@pytest.mark.parametrize("N", [1, 5])
+def test_tiger_training_graph_cross_attention(N):
+    """Few decoder queries per user (1 + N m = 3 here) attend to the encoder states directly (`Block.absorbed_cross`:
+    no K/V projected); more (11) take each decoder layer's K/V from the encoder's one projection by unbinding it: an
+    index (SelectBackward) would zero-fill a gradient of all layers' K/V per layer in backward (~8% of a CE step)."""
+    model, b = make("tiger", memory="none"), batch()
     model.train()
-    out = model.prefix_logits(model.encode(b["history"], b["mask"]), random_prefix(5, 1, 2, seed=0))
+    enc = model.encode(b["history"], b["mask"])
+    out = model.prefix_logits(enc, random_prefix(5, N, 2, seed=0))
     seen, todo = set(), [out.grad_fn]
     while todo:
         f = todo.pop()
@@ -223,7 +226,29 @@ def test_tiger_training_graph_unbinds_the_cross_attention_kv():
             seen.add(f)
             todo += [g for g, _ in f.next_functions]
     kinds = [type(f).__name__ for f in seen]
-    assert "SelectBackward0" not in kinds and kinds.count("UnbindBackward0") == 1 + len(model.decoder)
+    absorbed = N == 1
+    assert (enc._cross_kv is None) == absorbed
+    assert "SelectBackward0" not in kinds and kinds.count("UnbindBackward0") == (0 if absorbed else 1 + len(model.decoder))
+
+
+def test_absorbed_cross_attention_is_the_projected_one():
+    """`Block.absorbed_cross` (queries meet the encoder states through W_k, W_v) against `projected_cross` (K/V
+    projected first), masked keys included: the same outputs and gradients (the states' and the weights'; float64),
+    dropout off."""
+    model, b = make("tiger", dropout=0.0), batch()
+    enc = model.encode(b["history"], b["mask"])
+    blk, h = model.decoder[1], torch.randn(5, 7, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    k, v = enc.cross_kv[1]
+    w = torch.randn(5, 7, 32, dtype=torch.float64)
+    outs = []
+    for cross in (blk.absorbed_cross(enc.states, enc.mask), blk.projected_cross(k, v, enc.mask)):
+        model.zero_grad()
+        out = cross(blk.cross, h)
+        grads = torch.autograd.grad((out * w).sum(), [enc.states, blk.cross.k.weight, blk.cross.v.weight,
+                                                      blk.cross.q.weight], retain_graph=True)
+        outs.append((out, grads))
+    assert not b["mask"].all()  # some keys are masked
+    torch.testing.assert_close(outs[0], outs[1], atol=1e-12, rtol=1e-10)
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -13,8 +13,8 @@ probabilities, after each sub-layer and inside the feed-forward:
 `Block.forward` runs these three sub-layers. Which keys a query meets in its self-attention
 depends on the caller (a history's own tokens, the shared bos and a candidate's own prefix, a
 beam's ancestors in the cache), so the self-attention's pattern is a function the caller passes
-in (`attend`, e.g. `Block.plain_attention`); the cross-attention reads keys/values projected once
-per user (`Block.cross_kv`). Parameters are created in HF's order, so a seed gives the weights
+in (`attend`, e.g. `Block.plain_attention`); so is the cross-attention's (`cross`): over keys/values
+projected once per user (`Block.projected_cross`) or straight from the encoder states (`Block.absorbed_cross`). Parameters are created in HF's order, so a seed gives the weights
 HF's T5 would (see `genrec.models.tiger.Tiger`).
 """
 
@@ -112,15 +112,12 @@ class Block(nn.Module):
     def drop(self, x: Tensor) -> Tensor:
         return dropout(x, self.p, self.training)
 
-    def forward(self, x: Tensor, attend: Attend, enc_kv: Tensor | None = None, enc_mask: Tensor | None = None) -> Tensor:
-        """x [B, R, D]; `attend` the self-attention pattern; decoder layers: this layer's
-        cross-attention keys/values enc_kv [2, B, H, L, d] (`cross_kv`) and enc_mask [B, L] bool;
-        the R rows of a user are the queries of one cross-attention call."""
+    def forward(self, x: Tensor, attend: Attend, cross: Attend | None = None) -> Tensor:
+        """x [B, R, D]; `attend` the self-attention pattern; decoder layers: `cross` the cross-attention over the
+        encoder states (`projected_cross` or `absorbed_cross`); the R rows of a user are its queries."""
         x = x + attend(self.attn, self.attn_norm(x))
-        if enc_kv is not None:
-            k, v = enc_kv  # unbind (one gradient stack), not two selects (a zero-filled gradient each)
-            x = x + self.drop(self.cross.o(self.attention(self.cross.heads(self.cross.q(self.cross_norm(x))),
-                                                         k, v, None, enc_mask)))
+        if cross is not None:
+            x = x + cross(self.cross, self.cross_norm(x))
         h, scale = dropout_unscaled(self.ff.wi(self.ff_norm(x)).relu(), self.p, self.training)
         y = self.ff.wo(h)  # dropout's 1 / (1 - p) after wo: on d_model, not d_ff, elements (a step ~6% faster)
         return x + self.drop(y if scale == 1.0 else y * scale)
@@ -145,6 +142,26 @@ class Block(nn.Module):
         def attend(att: Attention, h: Tensor) -> Tensor:
             q, k, v = (att.heads(f(h)) for f in (att.q, att.k, att.v))
             return self.drop(att.o(self.attention(q, k, v, bias, mask)))
+        return attend
+
+    def projected_cross(self, k: Tensor, v: Tensor, mask: Tensor) -> Attend:
+        """Cross-attention over this layer's keys/values k, v [B, H, L, d] (`Tiger.encode` projects all layers'
+        at once) of the encoder states unmasked in mask [B, L]."""
+        def attend(att: Attention, h: Tensor) -> Tensor:
+            return self.drop(att.o(self.attention(att.heads(att.q(h)), k, v, None, mask)))
+        return attend
+
+    def absorbed_cross(self, states: Tensor, mask: Tensor) -> Attend:
+        """Cross-attention straight from the encoder states [B, L, D], no keys/values projected: per head
+        q k_l = (q W_k) s_l and sum_l p_l v_l = (sum_l p_l s_l) W_v^T. Cheaper than projecting when a user's
+        R queries are few (teacher forcing: R (d + L) < d L), and the same numbers up to rounding."""
+        def attend(att: Attention, h: Tensor) -> Tensor:
+            (B, R, D), H, d = h.shape, att.num_heads, att.d_kv
+            q = torch.einsum("bhrd,hdD->bhrD", att.heads(att.q(h)), att.k.weight.view(H, d, D))
+            s = (q.flatten(1, 2) @ states.transpose(1, 2)).masked_fill(~mask[:, None], float("-inf"))  # [B, H R, L]
+            c = (self.drop(s.softmax(-1)) @ states).view(B, H, R, D)
+            y = torch.einsum("bhrD,hdD->brhd", c, att.v.weight.view(H, d, D))  # [B, R, H, d]
+            return self.drop(att.o(y.flatten(-2)))
         return attend
 
     def cross_kv_weight(self) -> Tensor:

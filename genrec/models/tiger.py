@@ -4,9 +4,11 @@ Both stacks are `genrec.models.t5_block.Block`s (the T5 layer math, once). HF's 
 reference: `Tiger.from_hf` / `to_hf` convert weights both ways (the tests compare logits), and a
 new Tiger draws its initial weights by building HF's T5 with the same config (so a seed gives the
 weights it always gave). The decoder lets the N target prefixes of a user share that user's
-encoding: each decoder layer's cross-attention keys/values are projected once per user in
-`encode`, and all N * (m + 1) decoder positions (or all K beams) of a user are the queries of one
-attention call against them. The self-attention is causal within each candidate (beam) and
+encoding: all N * (m + 1) decoder positions (or all K beams) of a user are the queries of one
+cross-attention call, against every decoder layer's keys/values projected once per user
+(`TigerEncoding.cross_kv`: beam search, many candidates) or, when the queries are fewer than that
+projection costs (teacher forcing of CE: 1 + m per user), straight against the encoder states
+(`Block.absorbed_cross`: (q W_k) s^T, no K/V projected). The self-attention is causal within each candidate (beam) and
 carries T5's relative position bias. Decoder input = bos + prefix. Dropout is
 `genrec.models.dropout` (1-byte masks on CPU).
 
@@ -46,9 +48,20 @@ from genrec.models.tiger_backward import CandidateBlock, EncoderBlock
 class TigerEncoding:
     mask: Tensor  # [B, L] bool
     states: Tensor  # [B, L, D] encoder output
-    cross_kv: Tensor  # [layers, 2, B, H, L, d_kv]: each decoder layer's cross-attention K, V. Training iterates it
-    # (unbind: one gradient stack); indexing it per layer would back-propagate through a zero-filled full-size
-    # gradient per layer (~8% of a TIGER CE step)
+    kv_weight: Tensor  # [layers * 2 * H * d_kv, D]: every decoder layer's cross-attention K, V weights
+    heads: tuple[int, int]  # H, d_kv
+    _cross_kv: Tensor | None = None
+
+    @property
+    def cross_kv(self) -> Tensor:
+        """[layers, 2, B, H, L, d_kv]: each decoder layer's cross-attention K, V, all projected with one matmul when
+        first asked for (beam search; teacher forcing on few queries reads the states: `Block.absorbed_cross`).
+        Training iterates it (unbind: one gradient stack); indexing it per layer would back-propagate through a
+        zero-filled full-size gradient per layer (~8% of a TIGER CE step)."""
+        if self._cross_kv is None:
+            kv = F.linear(self.states, self.kv_weight).unflatten(-1, (-1, 2, *self.heads))  # [B, L, layers, 2, H, d]
+            self._cross_kv = kv.permute(2, 3, 0, 4, 1, 5)
+        return self._cross_kv
 
 
 @dataclass
@@ -57,6 +70,13 @@ class TigerState:
     qkv: list[Tensor]  # per decoder layer: the fused self-attention q/k/v weight [3 * H * d_kv, D]
     cache: list[Tensor]  # per step s <= t: self-attention K, V of that step's beams [layers, 2, B, H, K_s, d_kv]
     anc: Tensor | None  # [t + 1, B, K]: each beam's ancestor among step s's beams (itself at s = t)
+
+
+def absorbs(queries: int, keys: int, d_kv: int) -> bool:
+    """Whether a user's `queries` decoder positions meet its `keys` encoder states directly (`Block.absorbed_cross`)
+    rather than K/V projected from them: per head and layer the first costs ~queries (d_kv + keys) multiply-adds per
+    model dimension, the projection ~d_kv keys."""
+    return queries * (d_kv + keys) < d_kv * keys
 
 
 def _dots(q: Tensor, k: Tensor, j: Tensor) -> Tensor:
@@ -213,8 +233,7 @@ class Tiger(Backbone):
                 x = checkpoint(blk, x, attend, use_reentrant=False) if saving == "checkpoint" else blk(x, attend)
         states = self._dropout(self.encoder_norm(x))
         w = torch.cat([blk.cross_kv_weight() for blk in self.decoder])  # all layers' K, V: one matmul
-        kv = F.linear(states, w).unflatten(-1, (len(self.decoder), 2, self.n_heads, self.d_kv))  # [B, L, layers, 2, H, d]
-        return TigerEncoding(mask, states, kv.permute(2, 3, 0, 4, 1, 5))
+        return TigerEncoding(mask, states, w, (self.n_heads, self.d_kv))
 
     def _self_bias(self, past: int, S: int, like: Tensor) -> Tensor:
         """Relative position bias + causal mask for S new positions after `past`: [H, S, past + S]."""
@@ -263,8 +282,12 @@ class Tiger(Backbone):
                     z = torch.cat([CandidateBlock.apply(*g, bias, self.p, blk.attn_norm.eps, *w) for g in
                                    zip(z.split(users), ck.split(users), cv.split(users), enc.mask.split(users))])
         else:
-            for blk, kv in zip(self.decoder, enc.cross_kv):
-                args = (z, self._candidate_attention(blk, bias, N, m), kv, enc.mask)
+            if absorbs(z.shape[1], enc.mask.shape[1], self.d_kv):
+                crosses = [blk.absorbed_cross(enc.states, enc.mask) for blk in self.decoder]
+            else:
+                crosses = [blk.projected_cross(k, v, enc.mask) for blk, (k, v) in zip(self.decoder, enc.cross_kv)]
+            for blk, cross in zip(self.decoder, crosses):
+                args = (z, self._candidate_attention(blk, bias, N, m), cross)
                 z = checkpoint(blk, *args, use_reentrant=False) if saving == "checkpoint" else blk(*args)
         return self._head_input(z)
 
@@ -303,7 +326,8 @@ class Tiger(Backbone):
         cache = [*state.cache, kv]
         bias = self._self_bias(t, 1, x)  # [H, 1, t + 1]
         for i, (blk, wqkv) in enumerate(zip(self.decoder, state.qkv)):
-            x = blk(x, self._beam_attention(blk, wqkv, i, kv, cache, idx, bias), enc.cross_kv[i], enc.mask)
+            x = blk(x, self._beam_attention(blk, wqkv, i, kv, cache, idx, bias), blk.projected_cross(*enc.cross_kv[i],
+                                                                                                  enc.mask))
         return float_logits(self._head_input(x), self.embed.weight), TigerState(enc, state.qkv, cache, anc)
 
     def _beam_attention(self, blk: Block, wqkv: Tensor, i: int, kv: Tensor, cache: list[Tensor], idx: Tensor,
