@@ -10,7 +10,8 @@ under CPU bf16 autocast (`trainer.precision=bf16-mixed`, as experiment=office_cp
 run, as a ratio to float32; for Llama also bf16 with its training prefill attention in SDPA, as before
 2026-12-05 (`genrec.models.llama_block.prefill_attention`: SDPA's CPU backward), as a ratio; for TIGER
 also bf16 at dropout 0 (`--dropout0`: what dropping dropout would buy, e.g. callbacks.late_dropout's first
-epochs), with the decoder's attention explicit (now) and in SDPA (before 2026-12-06), as ratios; and TIGER bf16 with
+epochs), with `t5_block.Block.attention` explicit (now) and in SDPA (before 2026-12-06; in CE training it served the
+decoder's cross-attention then, only the encoder's self-attention since 2026-12-07), as ratios; and TIGER bf16 with
 the dropout and training attention of before 2026-12-07 (bool-mask products, the feed-forward's 1/(1-p) on d_ff
 elements, float32-promoted attention scores, the decoder's cross-attention over K/V projected from the encoder states
 instead of the states themselves), as a ratio, and the ratio the cross-attention alone makes. For the bf16

@@ -12,9 +12,11 @@ from omegaconf import OmegaConf
 from toy import random_batch, random_sids
 
 from genrec.models import llama_block
-from genrec.models.base import BOS, Backbone
+from genrec.eval.beam import beam_search
+from genrec.models.base import BOS, EOS, Backbone
 from genrec.models.llama import Llama
 from genrec.models.tiger import Tiger
+from genrec.sid.trie import Trie
 
 CONF = Path(__file__).parents[1] / "conf" / "backbone"
 SIDS = random_sids(60, [6, 5, 4])
@@ -227,8 +229,24 @@ def test_tiger_training_graph_cross_attention(N):
             todo += [g for g, _ in f.next_functions]
     kinds = [type(f).__name__ for f in seen]
     absorbed = N == 1
-    assert (enc._cross_kv is None) == absorbed
     assert "SelectBackward0" not in kinds and kinds.count("UnbindBackward0") == (0 if absorbed else 1 + len(model.decoder))
+
+
+@pytest.mark.parametrize("memory", ["manual", "none"])
+def test_tiger_encoding_used_without_gradients_first_still_trains_the_encoder(memory):
+    """An objective may score candidates on the training encoding under no_grad first (hard / beam negatives), then
+    with gradients: the second scoring must reach the encoder (a K/V projection cached by the first had no graph)."""
+    model, b = make("tiger", memory=memory), batch()
+    model.train()
+    enc = model.encode(b["history"], b["mask"])
+    prefix = random_prefix(5, 6, 3, seed=0)  # 1 + 6 x 3 queries per user: the projected K/V
+    tokens = torch.cat([prefix, torch.full_like(prefix[..., :1], EOS)], -1)
+    with torch.no_grad():
+        model.prefix_logprobs(enc, prefix, tokens)
+        beam_search(model, enc, Trie(SIDS), beam=3)
+    model.prefix_logprobs(enc, prefix, tokens).sum().backward()
+    for name, w in [("encoder", model.encoder[0].ff.wi.weight), ("cross.k", model.decoder[0].cross.k.weight)]:
+        assert w.grad is not None and w.grad.abs().sum() > 0, name
 
 
 def test_absorbed_cross_attention_is_the_projected_one():
@@ -238,7 +256,7 @@ def test_absorbed_cross_attention_is_the_projected_one():
     model, b = make("tiger", dropout=0.0), batch()
     enc = model.encode(b["history"], b["mask"])
     blk, h = model.decoder[1], torch.randn(5, 7, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
-    k, v = enc.cross_kv[1]
+    k, v = model.cross_kv(enc)[1]
     w = torch.randn(5, 7, 32, dtype=torch.float64)
     outs = []
     for cross in (blk.absorbed_cross(enc.states, enc.mask), blk.projected_cross(k, v, enc.mask)):
@@ -335,8 +353,9 @@ def test_tiger_memory_saving_encoder_matches_autograd(memory):
         model, b = make("tiger", dropout=0.0, memory=(memory if lean else "none")), batch()
         model.train()
         enc = model.encode(b["history"], b["mask"])
-        w = torch.randn(enc.cross_kv.shape, generator=torch.Generator().manual_seed(2), dtype=enc.cross_kv.dtype)
-        ((enc.cross_kv * w).sum() + enc.states.square().sum()).backward()
+        kv = model.cross_kv(enc)
+        w = torch.randn(kv.shape, generator=torch.Generator().manual_seed(2), dtype=kv.dtype)
+        ((kv * w).sum() + enc.states.square().sum()).backward()
         return enc.states.detach(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
 
     (states, grads), (ref, ref_grads) = run(True), run(False)

@@ -7,7 +7,7 @@ SID tokens of the last `max_history` items followed by eos, **left-padded** with
 Contract (B users, N candidates per user, m prefix tokens, V vocabulary):
 
 - `encode(history [B, L], mask [B, L]) -> enc`: the history encoding, computed once per
-  user (TIGER: encoder states and their cross-attention keys/values; Llama: the KV cache
+  user (TIGER: the encoder states; Llama: the KV cache
   of the history prompt). Opaque to callers except for `enc.mask` ([B, L] bool).
 - `prefix_logits(enc, prefix [B, N, m]) -> [B, N, m + 1, V]`: teacher forcing for N
   target prefixes per user that all share `enc` (never re-encoded per candidate).

@@ -44,8 +44,8 @@ def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
 
 def dropout_unscaled(x: Tensor, p: float, training: bool = True) -> tuple[Tensor, float]:
     """Dropout in two parts: (x * keep, 1 / (1 - p)), the scale left to the caller, to apply where the tensor is
-    smaller: `dropout(h) @ W == (x * keep) @ W * scale` (TIGER's feed-forward: 8x fewer elements after W). On other
-    devices (x dropped and scaled by torch's fused kernel, 1.0)."""
+    smaller: `dropout(x) @ W == (x * keep) @ W * scale` (TIGER's feed-forward: 8x fewer elements after W). Off (eval,
+    p = 0) or on other devices: (`dropout(x, p, training)`, 1.0)."""
     if training and x.device.type == "cpu" and 0.0 < p < 1.0:
         return _KeepScale.apply(x, keep_mask(draw_seed(), x.shape, p, x.device), 1.0), 1.0 / (1.0 - p)
     return dropout(x, p, training), 1.0

@@ -13,8 +13,9 @@ probabilities, after each sub-layer and inside the feed-forward:
 `Block.forward` runs these three sub-layers. Which keys a query meets in its self-attention
 depends on the caller (a history's own tokens, the shared bos and a candidate's own prefix, a
 beam's ancestors in the cache), so the self-attention's pattern is a function the caller passes
-in (`attend`, e.g. `Block.plain_attention`); so is the cross-attention's (`cross`): over keys/values
-projected once per user (`Block.projected_cross`) or straight from the encoder states (`Block.absorbed_cross`). Parameters are created in HF's order, so a seed gives the weights
+in (`attend`, e.g. `Block.plain_attention`); so is the cross-attention (`cross`): over keys/values
+projected once per user (`Block.projected_cross`) or straight from the encoder states
+(`Block.absorbed_cross`). Parameters are created in HF's order, so a seed gives the weights
 HF's T5 would (see `genrec.models.tiger.Tiger`).
 """
 
@@ -91,7 +92,7 @@ class FeedForward(nn.Module):
         self.wi, self.wo = nn.Linear(d_model, d_ff, bias=False), nn.Linear(d_ff, d_model, bias=False)
 
 
-Attend = Callable[[Attention, Tensor], Tensor]  # (self-attention, normed x) -> its residual branch drop(o(y))
+Attend = Callable[[Attention, Tensor], Tensor]  # (attention, normed x) -> its residual branch drop(o(y))
 
 
 class Block(nn.Module):
@@ -126,7 +127,7 @@ class Block(nn.Module):
         """softmax(q k^T + bias) v (no 1/sqrt(d)) with keys outside mask [B, L] excluded: rows [B, S, H d]."""
         # explicit in training: at p > 0 for the 1-byte dropout masks; at p = 0 in bf16 on CPU too (SDPA's bf16 CPU
         # backward is slow: a step ran 1.37x as fast explicit, benchmarks/training.py --dropout0). Under bf16 autocast
-        # the scores stay bf16, as in HF's T5 (a float32 bias would promote them, the softmax, dropout and backward)
+        # the scores stay bf16 (a float32 bias would promote them, the softmax, dropout and their backward)
         if self.training and (self.p > 0 or (q.device.type == "cpu" and q.dtype == torch.bfloat16)):
             s = q @ k.transpose(-1, -2)
             s = (s if bias is None else s + bias.to(s.dtype)).masked_fill(~mask[:, None, None], float("-inf"))
@@ -145,7 +146,7 @@ class Block(nn.Module):
         return attend
 
     def projected_cross(self, k: Tensor, v: Tensor, mask: Tensor) -> Attend:
-        """Cross-attention over this layer's keys/values k, v [B, H, L, d] (`Tiger.encode` projects all layers'
+        """Cross-attention over this layer's keys/values k, v [B, H, L, d] (`Tiger.cross_kv` projects all layers'
         at once) of the encoder states unmasked in mask [B, L]."""
         def attend(att: Attention, h: Tensor) -> Tensor:
             return self.drop(att.o(self.attention(att.heads(att.q(h)), k, v, None, mask)))
@@ -165,7 +166,7 @@ class Block(nn.Module):
         return attend
 
     def cross_kv_weight(self) -> Tensor:
-        """The cross-attention's k and v weights stacked [2 H d, D] (`Tiger.encode` projects all layers at once)."""
+        """The cross-attention's k and v weights stacked [2 H d, D] (`Tiger.cross_kv` projects all layers at once)."""
         return torch.cat([self.cross.k.weight, self.cross.v.weight])
 
     def weights(self) -> list[Tensor]:

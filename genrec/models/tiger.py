@@ -6,11 +6,11 @@ new Tiger draws its initial weights by building HF's T5 with the same config (so
 weights it always gave). The decoder lets the N target prefixes of a user share that user's
 encoding: all N * (m + 1) decoder positions (or all K beams) of a user are the queries of one
 cross-attention call, against every decoder layer's keys/values projected once per user
-(`TigerEncoding.cross_kv`: beam search, many candidates) or, when the queries are fewer than that
+(`Tiger.cross_kv`: beam search, many candidates) or, when the queries are fewer than that
 projection costs (teacher forcing of CE: 1 + m per user), straight against the encoder states
-(`Block.absorbed_cross`: (q W_k) s^T, no K/V projected). The self-attention is causal within each candidate (beam) and
-carries T5's relative position bias. Decoder input = bos + prefix. Dropout is
-`genrec.models.dropout` (1-byte masks on CPU).
+(`Block.absorbed_cross`: (q W_k) s^T, no K/V projected). The self-attention is causal within
+each candidate (beam) and carries T5's relative position bias. Decoder input = bos + prefix.
+Dropout is `genrec.models.dropout` (1-byte masks on CPU).
 
 Memory in training (`memory`): `manual` runs every training encoder block, and on N > 1
 candidates per user (pairwise APAO, S-DPO) every decoder block, through the hand-written backward
@@ -18,8 +18,8 @@ passes of `genrec.models.tiger_backward` (~6-8 KB per position and layer instead
 KB; same math and dropout draws); `checkpoint` recomputes those blocks in backward
 (`torch.utils.checkpoint`); `none` keeps autograd's activations.
 
-`step` (beam search) is a one-position path through the same blocks. `encode` projects every
-layer's cross-attention K/V with one matmul; `start` fuses each layer's self-attention q/k/v
+`step` (beam search) is a one-position path through the same blocks. `start` projects every
+layer's cross-attention K/V with one matmul (`cross_kv`) and fuses each layer's self-attention q/k/v
 weights. The self-attention cache is never copied or re-ordered: each step stores its
 beams' K/V once, and each beam keeps the index of its ancestor among every earlier step's
 beams. With few beams in a step (beam search), a beam's query meets all of them in one
@@ -48,25 +48,12 @@ from genrec.models.tiger_backward import CandidateBlock, EncoderBlock
 class TigerEncoding:
     mask: Tensor  # [B, L] bool
     states: Tensor  # [B, L, D] encoder output
-    kv_weight: Tensor  # [layers * 2 * H * d_kv, D]: every decoder layer's cross-attention K, V weights
-    heads: tuple[int, int]  # H, d_kv
-    _cross_kv: Tensor | None = None
-
-    @property
-    def cross_kv(self) -> Tensor:
-        """[layers, 2, B, H, L, d_kv]: each decoder layer's cross-attention K, V, all projected with one matmul when
-        first asked for (beam search; teacher forcing on few queries reads the states: `Block.absorbed_cross`).
-        Training iterates it (unbind: one gradient stack); indexing it per layer would back-propagate through a
-        zero-filled full-size gradient per layer (~8% of a TIGER CE step)."""
-        if self._cross_kv is None:
-            kv = F.linear(self.states, self.kv_weight).unflatten(-1, (-1, 2, *self.heads))  # [B, L, layers, 2, H, d]
-            self._cross_kv = kv.permute(2, 3, 0, 4, 1, 5)
-        return self._cross_kv
 
 
 @dataclass
 class TigerState:
     enc: TigerEncoding
+    cross_kv: Tensor  # [layers, 2, B, H, L, d_kv]: `Tiger.cross_kv`, projected once per search
     qkv: list[Tensor]  # per decoder layer: the fused self-attention q/k/v weight [3 * H * d_kv, D]
     cache: list[Tensor]  # per step s <= t: self-attention K, V of that step's beams [layers, 2, B, H, K_s, d_kv]
     anc: Tensor | None  # [t + 1, B, K]: each beam's ancestor among step s's beams (itself at s = t)
@@ -231,9 +218,15 @@ class Tiger(Backbone):
             for blk in self.encoder:
                 attend = blk.plain_attention(bias, mask)
                 x = checkpoint(blk, x, attend, use_reentrant=False) if saving == "checkpoint" else blk(x, attend)
-        states = self._dropout(self.encoder_norm(x))
-        w = torch.cat([blk.cross_kv_weight() for blk in self.decoder])  # all layers' K, V: one matmul
-        return TigerEncoding(mask, states, w, (self.n_heads, self.d_kv))
+        return TigerEncoding(mask, self._dropout(self.encoder_norm(x)))
+
+    def cross_kv(self, enc: TigerEncoding) -> Tensor:
+        """[layers, 2, B, H, L, d_kv]: every decoder layer's cross-attention K, V of the encoder states, one matmul.
+        Training iterates it (unbind: one gradient stack); indexing it per layer would back-propagate through a
+        zero-filled full-size gradient per layer (~8% of a TIGER CE step)."""
+        w = torch.cat([blk.cross_kv_weight() for blk in self.decoder])
+        kv = F.linear(enc.states, w).unflatten(-1, (len(self.decoder), 2, self.n_heads, self.d_kv))  # [B, L, layers, 2, H, d]
+        return kv.permute(2, 3, 0, 4, 1, 5)
 
     def _self_bias(self, past: int, S: int, like: Tensor) -> Tensor:
         """Relative position bias + causal mask for S new positions after `past`: [H, S, past + S]."""
@@ -275,7 +268,7 @@ class Tiger(Backbone):
             # The hand-written blocks compute in the parameters' dtype with autocast off (under
             # bf16-mixed too: their backward runs outside autocast, so forward must not run in bf16).
             users = self.memory_users or B
-            for blk, (ck, cv) in zip(self.decoder, enc.cross_kv):  # unbind, not indexing: see `TigerEncoding`
+            for blk, (ck, cv) in zip(self.decoder, self.cross_kv(enc)):  # unbind, not indexing: see `cross_kv`
                 w = blk.weights()
                 ck, cv = ck.to(z.dtype), cv.to(z.dtype)  # bf16 from the encoder's autocast projection
                 with torch.autocast(z.device.type, enabled=False):
@@ -285,7 +278,7 @@ class Tiger(Backbone):
             if absorbs(z.shape[1], enc.mask.shape[1], self.d_kv):
                 crosses = [blk.absorbed_cross(enc.states, enc.mask) for blk in self.decoder]
             else:
-                crosses = [blk.projected_cross(k, v, enc.mask) for blk, (k, v) in zip(self.decoder, enc.cross_kv)]
+                crosses = [blk.projected_cross(k, v, enc.mask) for blk, (k, v) in zip(self.decoder, self.cross_kv(enc))]
             for blk, cross in zip(self.decoder, crosses):
                 args = (z, self._candidate_attention(blk, bias, N, m), cross)
                 z = checkpoint(blk, *args, use_reentrant=False) if saving == "checkpoint" else blk(*args)
@@ -309,8 +302,8 @@ class Tiger(Backbone):
 
     # --- beam search -------------------------------------------------------------------------------------------
     def start(self, enc: TigerEncoding) -> TigerState:
-        return TigerState(enc, [torch.cat([b.attn.q.weight, b.attn.k.weight, b.attn.v.weight]) for b in self.decoder],
-                          [], None)
+        return TigerState(enc, self.cross_kv(enc),
+                          [torch.cat([b.attn.q.weight, b.attn.k.weight, b.attn.v.weight]) for b in self.decoder], [], None)
 
     def step(self, state: TigerState, tokens: Tensor | None, parents: Tensor | None) -> tuple[Tensor, TigerState]:
         """One new position for K beams; `state` is never modified (it may be stepped again)."""
@@ -326,9 +319,9 @@ class Tiger(Backbone):
         cache = [*state.cache, kv]
         bias = self._self_bias(t, 1, x)  # [H, 1, t + 1]
         for i, (blk, wqkv) in enumerate(zip(self.decoder, state.qkv)):
-            x = blk(x, self._beam_attention(blk, wqkv, i, kv, cache, idx, bias), blk.projected_cross(*enc.cross_kv[i],
-                                                                                                  enc.mask))
-        return float_logits(self._head_input(x), self.embed.weight), TigerState(enc, state.qkv, cache, anc)
+            cross = blk.projected_cross(*state.cross_kv[i], enc.mask)
+            x = blk(x, self._beam_attention(blk, wqkv, i, kv, cache, idx, bias), cross)
+        return float_logits(self._head_input(x), self.embed.weight), TigerState(enc, state.cross_kv, state.qkv, cache, anc)
 
     def _beam_attention(self, blk: Block, wqkv: Tensor, i: int, kv: Tensor, cache: list[Tensor], idx: Tensor,
                         bias: Tensor) -> Attend:
