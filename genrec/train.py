@@ -17,6 +17,7 @@ import atexit
 import contextlib
 import csv
 import io
+import json
 import os
 import resource
 import sys
@@ -243,6 +244,10 @@ def _run(cfg: DictConfig) -> dict:
         take_run_dir(Path(cfg.run_dir), fresh=resume_dir is None)
         forget_hydra_dir(cfg)
     record_command(Path(cfg.run_dir), fresh=resume_dir is None)
+    if resume_dir is not None and (resume_dir / "metrics.json").exists():  # its test ran: results stay as written
+        print(f"resume: {resume_dir} has finished (metrics.json); nothing to resume (a new run: another run dir or "
+              f"no resume=true)")
+        return json.loads((resume_dir / "metrics.json").read_text())
     if cfg.get("init_from"):  # before any compute
         check_init_from(cfg)
     if cfg.get("stage1"):

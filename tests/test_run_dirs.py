@@ -180,3 +180,21 @@ def test_a_refused_start_never_removes_a_dir_another_run_holds(tmp_path):
         holder.wait()
     out = train(cwd, "eval.beam=0", f"hydra.run.dir={run}")  # no one holds it: a refused start's dir, removed
     assert out.returncode == 2 and not run.exists()
+
+
+def test_resume_of_a_finished_run_computes_nothing_and_rewrites_nothing(tmp_path):
+    """resume=true on a finished run (its own dir, or a same-config sibling it found) restored it and ran its test
+    again, rewriting its metrics.json: under newer code, results of two code versions in one run dir. Now one line
+    says it has finished; no compute, its files untouched, no stray dir."""
+    cwd = tmp_path / "work"
+    cwd.mkdir()
+    out = train(cwd, "trainer.max_epochs=1", "hydra.run.dir=runs/a")
+    assert out.returncode == 0, out.stderr[-3000:]
+    metrics = cwd / "runs" / "a" / "metrics.json"
+    before, mtime = metrics.read_bytes(), metrics.stat().st_mtime_ns
+    for here in ("runs/b", "runs/a"):  # a sibling, then the run's own dir
+        out = train(cwd, "trainer.max_epochs=1", f"hydra.run.dir={here}", "resume=true")
+        assert out.returncode == 0 and f"{cwd / 'runs' / 'a'} has finished" in out.stdout, out.stdout + out.stderr
+        assert "Restored" not in out.stdout + out.stderr
+        assert metrics.read_bytes() == before and metrics.stat().st_mtime_ns == mtime
+    assert dirs(cwd) == [cwd / "runs" / "a"]
