@@ -380,7 +380,7 @@ def test_tiger_training_cross_attention_matches_sdpa(monkeypatch):
     monkeypatch.setattr(dropout_module, "dropout", keep_all)
     monkeypatch.setattr(tiger_module, "dropout", keep_all)
     monkeypatch.setattr(block_module, "dropout", keep_all)
-    monkeypatch.setattr(block_module, "dropout_unscaled", lambda x, p, training=True: (x, 1.0))
+    monkeypatch.setattr(block_module, "relu_dropout_unscaled", lambda x, p, training=True: (x.relu(), 1.0))
     model.train()
     out = model.prefix_logits(model.encode(b["history"], b["mask"]), prefix)
     torch.testing.assert_close(out, evaluated, atol=1e-10, rtol=0)

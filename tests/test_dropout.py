@@ -5,7 +5,8 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from genrec.models.dropout import Dropout, as_dtype, dropout, dropout_unscaled, replace_dropout
+from genrec.models.dropout import (
+    Dropout, as_dtype, dropout, dropout_unscaled, masked, relu_dropout_unscaled, replace_dropout)
 
 
 @pytest.mark.parametrize("p", [0.1, 0.5])
@@ -80,3 +81,49 @@ def test_unscaled_dropout_times_its_scale_is_dropout(dtype):
     torch.testing.assert_close(x.grad, g, **tol)
     for off in (dropout_unscaled(x, 0.25, training=False), dropout_unscaled(x, 0.0)):
         assert off[0] is x and off[1] == 1.0
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float64])
+@pytest.mark.parametrize("layout", ["contiguous", "transposed"])
+def test_masked_is_the_product_with_the_mask(dtype, layout):
+    """x where keep, else 0, computed on x's bits: x * keep's values (zeros unsigned), for strided inputs too."""
+    x = torch.randn(37, 41, dtype=torch.double).to(dtype)
+    x[0, :5] = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan")], dtype=dtype)
+    keep = torch.rand(37, 41) > 0.3
+    keep[0, :5] = True
+    if layout == "transposed":
+        x, keep = x.t(), keep.t()
+    out = masked(x, keep)
+    assert out.dtype == dtype and out.shape == x.shape
+    torch.testing.assert_close(out, x * keep, rtol=0, atol=0, equal_nan=True)
+    assert torch.equal(torch.signbit(out[~keep]), torch.zeros_like(out[~keep], dtype=torch.bool))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64])
+def test_relu_dropout_is_relu_then_dropout(dtype):
+    """relu(x) * keep from one pass over x (only keep & x > 0 kept for backward): the same draw, values and gradients,
+    to the bit, as relu followed by `dropout_unscaled`; exact zeros and negative zeros of x get relu's zero gradient."""
+    x = torch.randn(64, 48, dtype=torch.double).to(dtype)
+    x[0, :4] = torch.tensor([0.0, -0.0, 1.0, -1.0], dtype=dtype)
+    x.requires_grad_(True)
+    w = torch.randn(64, 48, dtype=dtype)
+    torch.manual_seed(7)
+    ref, ref_scale = dropout_unscaled(x.relu(), 0.25)
+    (ref * w).sum().backward()
+    g, x.grad = x.grad.clone(), None
+    torch.manual_seed(7)
+    out, scale = relu_dropout_unscaled(x, 0.25)
+    (out * w).sum().backward()
+    assert scale == ref_scale == 1 / 0.75 and out.dtype == dtype
+    assert torch.equal(out, ref) and torch.equal(x.grad, g)
+    after = torch.rand(1)
+    torch.manual_seed(7)
+    dropout_unscaled(x.relu(), 0.25)
+    assert torch.equal(torch.rand(1), after)  # as many draws from torch's RNG: training replays the same masks
+    assert 0 < (out == 0).double().mean() - (x <= 0).double().mean() < 0.35  # dropped beyond relu's zeros
+
+
+def test_relu_dropout_off():
+    x = torch.randn(8, 5, requires_grad=True)
+    for out, scale in (relu_dropout_unscaled(x, 0.25, training=False), relu_dropout_unscaled(x, 0.0)):
+        assert scale == 1.0 and torch.equal(out, x.relu())
