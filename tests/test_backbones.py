@@ -365,25 +365,40 @@ def test_tiger_memory_saving_encoder_matches_autograd(memory):
         torch.testing.assert_close(grads[n], g, atol=1e-7 * g.abs().max().item(), rtol=0, msg=n)
 
 
-def test_tiger_training_cross_attention_matches_sdpa(monkeypatch):
-    """Training with dropout (or in bf16 on CPU) computes cross-attention explicitly (the 1-byte
-    dropout masks; SDPA's slow bf16 CPU backward); with every dropout keeping everything it must
-    equal the eval path (SDPA). (The autograd path: `CandidateBlock` is compared with it above.)"""
+def test_tiger_training_attention_matches_sdpa(monkeypatch):
+    """Training with dropout (or in bf16 on CPU) computes attention explicitly (the 1-byte dropout masks; SDPA's slow
+    bf16 CPU backward): the encoder's with its bias and key mask added inside the q k^T matmul (`KeyBias`), the
+    decoder's cross-attention, the dropout scale folded into o's weight; with every dropout keeping everything it
+    must equal the eval path (SDPA): outputs and every parameter's gradient (the position bias's included)."""
     import genrec.models.dropout as dropout_module
     import genrec.models.t5_block as block_module
     import genrec.models.tiger as tiger_module
 
     model, b = make("tiger", dropout=0.3, memory="none"), batch()
     prefix = random_prefix(5, 6, 2, seed=3)
-    evaluated = model.prefix_logits(model.encode(b["history"], b["mask"]), prefix)
+    weight = torch.randn(5, 6, 3, model.embed.weight.shape[0], generator=torch.Generator().manual_seed(4),
+                         dtype=torch.float64)
+
+    def run():
+        model.zero_grad()
+        out = model.prefix_logits(model.encode(b["history"], b["mask"]), prefix)
+        (out * weight).sum().backward()
+        return out.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    model.eval()
+    evaluated, eval_grads = run()
     keep_all = lambda x, p, training=True: x  # noqa: E731
     monkeypatch.setattr(dropout_module, "dropout", keep_all)
     monkeypatch.setattr(tiger_module, "dropout", keep_all)
     monkeypatch.setattr(block_module, "dropout", keep_all)
     monkeypatch.setattr(block_module, "relu_dropout_unscaled", lambda x, p, training=True: (x.relu(), 1.0))
+    monkeypatch.setattr(block_module, "dropout_unscaled", lambda x, p, training=True: (x / 2, 2.0))  # x 2: in o
     model.train()
-    out = model.prefix_logits(model.encode(b["history"], b["mask"]), prefix)
+    out, grads = run()
     torch.testing.assert_close(out, evaluated, atol=1e-10, rtol=0)
+    for n, g in eval_grads.items():
+        assert g.abs().sum() > 0, n
+        torch.testing.assert_close(grads[n], g, atol=1e-9, rtol=1e-9, msg=n)
 
 
 @pytest.mark.parametrize("name, over", [("tiger", {}), ("tiger", {"memory_users": 2}), ("llama", {})])

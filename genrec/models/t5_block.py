@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from genrec.models.dropout import dropout, relu_dropout_unscaled
+from genrec.models.dropout import dropout, dropout_unscaled, relu_dropout_unscaled
 
 
 class Norm(nn.Module):
@@ -92,6 +92,17 @@ class FeedForward(nn.Module):
         self.wi, self.wo = nn.Linear(d_model, d_ff, bias=False), nn.Linear(d_ff, d_model, bias=False)
 
 
+class KeyBias:
+    """A stack's self-attention position bias [1, H, S, L] and key mask [B, L], shared by its layers; given the
+    scores' dtype (training), also `added`: the two as one term [B H, S, L] (the bias, -inf at masked keys), built
+    once for all layers (training's explicit attention adds it inside the q k^T matmul: one pass instead of three per
+    layer) and outside any layer (activation checkpointing recomputes a layer: it must not build it there)."""
+
+    def __init__(self, bias: Tensor, mask: Tensor, dtype: torch.dtype | None = None) -> None:
+        self.bias, self.mask = bias, mask
+        self.added = None if dtype is None else torch.where(mask[:, None, None], bias.to(dtype), float("-inf")).flatten(0, 1)
+
+
 Attend = Callable[[Attention, Tensor], Tensor]  # (attention, normed x) -> its residual branch drop(o(y))
 
 
@@ -123,33 +134,44 @@ class Block(nn.Module):
         y = self.ff.wo(h)  # dropout's 1 / (1 - p) after wo: on d_model, not d_ff, elements (a step ~6% faster)
         return x + self.drop(y if scale == 1.0 else y * scale)
 
-    def attention(self, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, mask: Tensor) -> Tensor:
-        """softmax(q k^T + bias) v (no 1/sqrt(d)) with keys outside mask [B, L] excluded: rows [B, S, H d]."""
+    def attention(self, q: Tensor, k: Tensor, v: Tensor, bias: KeyBias | None, mask: Tensor) -> tuple[Tensor, float]:
+        """softmax(q k^T + bias) v (no 1/sqrt(d)) with keys outside mask [B, L] excluded: rows [B, S, H d], and the
+        dropout scale 1 / (1 - p) not yet applied to them (1.0 outside training; `Block.out` applies it)."""
         # explicit in training: at p > 0 for the 1-byte dropout masks; at p = 0 in bf16 on CPU too (SDPA's bf16 CPU
         # backward is slow: a step ran 1.37x as fast explicit, benchmarks/training.py --dropout0). Under bf16 autocast
         # the scores stay bf16 (a float32 bias would promote them, the softmax, dropout and their backward)
         if self.training and (self.p > 0 or (q.device.type == "cpu" and q.dtype == torch.bfloat16)):
-            s = q @ k.transpose(-1, -2)
-            s = (s if bias is None else s + bias.to(s.dtype)).masked_fill(~mask[:, None, None], float("-inf"))
-            y = self.drop(s.softmax(-1)) @ v
+            if bias is None:
+                s = (q @ k.transpose(-1, -2)).masked_fill_(~mask[:, None, None], float("-inf"))
+            else:  # the bias and the mask's -inf in one term, added inside the matmul
+                s = torch.baddbmm(bias.added, q.flatten(0, 1), k.flatten(0, 1).transpose(1, 2))
+                s = s.unflatten(0, q.shape[:2])
+            p, scale = dropout_unscaled(s.softmax(-1), self.p, self.training)
+            y = p @ v
         else:
-            m = mask[:, None, None] if bias is None else torch.where(mask[:, None, None], bias,
-                                                                     torch.finfo(bias.dtype).min)
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=m, scale=1.0)
-        return y.transpose(1, 2).flatten(-2)
+            m = mask[:, None, None] if bias is None else torch.where(mask[:, None, None], bias.bias,
+                                                                     torch.finfo(bias.bias.dtype).min)
+            y, scale = F.scaled_dot_product_attention(q, k, v, attn_mask=m, scale=1.0), 1.0
+        return y.transpose(1, 2).flatten(-2), scale
 
-    def plain_attention(self, bias: Tensor, mask: Tensor) -> Attend:
-        """Every position of a sequence over all its unmasked positions (the encoder): bias [1, H, S, S]."""
+    @staticmethod
+    def out(att: Attention, y: Tensor, scale: float) -> Tensor:
+        """o(y * scale), the scale folded into o's weight ([D, H d] elements instead of y's)."""
+        return att.o(y) if scale == 1.0 else F.linear(y, att.o.weight * scale)
+
+    def plain_attention(self, bias: KeyBias, mask: Tensor) -> Attend:
+        """Every position of a sequence over all its unmasked positions (the encoder): bias [1, H, S, S] (shared by
+        the stack's layers: `KeyBias`)."""
         def attend(att: Attention, h: Tensor) -> Tensor:
             q, k, v = (att.heads(f(h)) for f in (att.q, att.k, att.v))
-            return self.drop(att.o(self.attention(q, k, v, bias, mask)))
+            return self.drop(self.out(att, *self.attention(q, k, v, bias, mask)))
         return attend
 
     def projected_cross(self, k: Tensor, v: Tensor, mask: Tensor) -> Attend:
         """Cross-attention over this layer's keys/values k, v [B, H, L, d] (`Tiger.cross_kv` projects all layers'
         at once) of the encoder states unmasked in mask [B, L]."""
         def attend(att: Attention, h: Tensor) -> Tensor:
-            return self.drop(att.o(self.attention(att.heads(att.q(h)), k, v, None, mask)))
+            return self.drop(self.out(att, *self.attention(att.heads(att.q(h)), k, v, None, mask)))
         return attend
 
     def absorbed_cross(self, states: Tensor, mask: Tensor) -> Attend:

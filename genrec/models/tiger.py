@@ -40,7 +40,7 @@ from transformers import T5Config, T5ForConditionalGeneration
 from genrec.models.base import BOS, EOS, PAD, Backbone
 from genrec.models.dropout import dropout
 from genrec.models.head import float_logits, head_logprobs
-from genrec.models.t5_block import Attend, Attention, Block, Norm, RelativeBias
+from genrec.models.t5_block import Attend, Attention, Block, KeyBias, Norm, RelativeBias
 from genrec.models.tiger_backward import CandidateBlock, EncoderBlock
 
 
@@ -215,6 +215,9 @@ class Tiger(Backbone):
                 for blk in self.encoder:
                     x = EncoderBlock.apply(x, bias, mask, self.p, blk.attn_norm.eps, *blk.weights())
         else:
+            device = x.device.type  # the scores' dtype: autocast's, else the weights'
+            dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
+            bias = KeyBias(bias, mask, dtype if self.training else None)
             for blk in self.encoder:
                 attend = blk.plain_attention(bias, mask)
                 x = checkpoint(blk, x, attend, use_reentrant=False) if saving == "checkpoint" else blk(x, attend)
