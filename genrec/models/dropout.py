@@ -39,7 +39,9 @@ class _ReluKeep(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: Tensor, keep: Tensor) -> Tensor:
-        live = torch.from_numpy(np.logical_and(keep.numpy(), _bits(x) > 0))  # a float's bits as an int: > 0 iff x > 0
+        live = keep.numpy()  # a fresh mask (`keep_mask`): ANDed in place with x > 0 (a float's bits as an int: > 0 iff x > 0)
+        np.bitwise_and(live, _bits(x) > 0, out=live)
+        live = torch.from_numpy(live)
         ctx.save_for_backward(live)
         return masked(x, live)
 
