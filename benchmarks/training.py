@@ -14,7 +14,10 @@ epochs), with `t5_block.Block.attention` explicit (now) and in SDPA (before 2026
 decoder's cross-attention then, only the encoder's self-attention since 2026-12-07), as ratios; and TIGER bf16 with
 the dropout and training attention of before 2026-12-07 (bool-mask products, the feed-forward's 1/(1-p) on d_ff
 elements, float32-promoted attention scores, the decoder's cross-attention over K/V projected from the encoder states
-instead of the states themselves), as a ratio, and the ratio the cross-attention alone makes. For the bf16
+instead of the states themselves), as a ratio, and the ratio the cross-attention alone makes; and as of commit
+55f4dfe (`bf16_vs_55f4dfe_cpu`: torch products with numpy-converted masks, relu and dropout in separate passes, per
+layer the position bias and the key mask applied to the scores out of place, the attention dropout's scale on the
+probabilities), as a ratio. For the bf16
 step also its matmul FLOPs (forward and backward, torch's FlopCounterMode) per CPU second, as a share of one large
 bf16 matmul's on this CPU (`bf16_of_matmul_peak`: the roofline; what is left above it is all a faster step could
 gain while the model's arithmetic stays the same). The cores
@@ -63,12 +66,46 @@ def mask_product_backward(self, grad: torch.Tensor):
     return grad.mul(keep).mul_(self.scale), None, None
 
 
+def converted_mask_dropout(self, x: torch.Tensor, keep: torch.Tensor, scale: float) -> torch.Tensor:
+    """`dropout._KeepScale.forward`/`backward` as of 55f4dfe: a torch product with the mask converted by numpy."""
+    self.save_for_backward(keep)
+    self.scale = scale
+    y = x.mul(dropout_module.as_dtype(keep, x.dtype))
+    return y if scale == 1.0 else y.mul_(scale)
+
+
+def converted_mask_backward(self, grad: torch.Tensor):
+    (keep,) = self.saved_tensors
+    g = grad.mul(dropout_module.as_dtype(keep, grad.dtype))
+    return g if self.scale == 1.0 else g.mul_(self.scale), None, None
+
+
 def float32_score_attention(block: t5_block.Block, q, k, v, bias, mask):
     """TIGER's training attention before 2026-12-07: the float32 bias promoted bf16 scores (softmax, dropout and
     their backward) to float32."""
-    s = (q @ k.transpose(-1, -2) + bias) if bias is not None else q @ k.transpose(-1, -2)
+    s = (q @ k.transpose(-1, -2) + bias.bias) if bias is not None else q @ k.transpose(-1, -2)
     y = block.drop(s.masked_fill(~mask[:, None, None], float("-inf")).softmax(-1)) @ v
-    return y.transpose(1, 2).flatten(-2)
+    return y.transpose(1, 2).flatten(-2), 1.0
+
+
+def separate_bias_attention(block: t5_block.Block, q, k, v, bias, mask):
+    """TIGER's training attention as of 55f4dfe: per layer the bias added to the bf16 scores, then the mask (out of
+    place), the dropout's scale on the probabilities."""
+    s = q @ k.transpose(-1, -2)
+    s = (s if bias is None else s + bias.bias.to(s.dtype)).masked_fill(~mask[:, None, None], float("-inf"))
+    y = block.drop(s.softmax(-1)) @ v
+    return y.transpose(1, 2).flatten(-2), 1.0
+
+
+def no_added_bias():
+    """`Tiger.encode` without building `KeyBias.added` (unused by the attention of the baselines)."""
+    return mock.patch.object(tiger, "KeyBias", lambda bias, mask, dtype=None: t5_block.KeyBias(bias, mask))
+
+
+def separate_relu_dropout():
+    """The feed-forward's relu, then dropout (with its scale left for after wo), as before 2026-12-07 pm."""
+    return mock.patch.object(t5_block, "relu_dropout_unscaled", lambda x, p, training=True: (
+        dropout_module.dropout_unscaled(x.relu(), p, training)))
 
 
 def before_20261207(absorb: bool = False) -> list:
@@ -76,10 +113,20 @@ def before_20261207(absorb: bool = False) -> list:
     `absorb`: all but the cross-attention, which meets the encoder states directly since then)."""
     old = [mock.patch.object(dropout_module._KeepScale, "forward", staticmethod(mask_product_dropout)),
            mock.patch.object(dropout_module._KeepScale, "backward", staticmethod(mask_product_backward)),
-           mock.patch.object(t5_block, "dropout_unscaled", lambda x, p, training=True: (
-               dropout_module.dropout(x, p, training), 1.0)),  # the scale on d_ff elements, before wo
-           mock.patch.object(t5_block.Block, "attention", float32_score_attention)]
+           mock.patch.object(t5_block, "relu_dropout_unscaled", lambda x, p, training=True: (
+               dropout_module.dropout(x.relu(), p, training), 1.0)),  # the scale on d_ff elements, before wo
+           mock.patch.object(t5_block.Block, "attention", float32_score_attention), no_added_bias()]
     return old if absorb else [mock.patch.object(tiger, "absorbs", lambda *a: False), *old]
+
+
+def as_of_55f4dfe() -> list:
+    """The patches that restore TIGER's CPU dropout and training attention as of commit 55f4dfe (2026-12-07 am):
+    dropout's torch product with a converted mask, relu and dropout in separate passes, per layer the bias added
+    and the mask applied to the scores out of place, the attention dropout's scale on the probabilities."""
+    return [mock.patch.object(dropout_module._KeepScale, "forward", staticmethod(converted_mask_dropout)),
+            mock.patch.object(dropout_module._KeepScale, "backward", staticmethod(converted_mask_backward)),
+            separate_relu_dropout(), mock.patch.object(t5_block.Block, "attention", separate_bias_attention),
+            no_added_bias()]
 
 
 def sdpa_cross_attention(block: t5_block.Block, q, k, v, bias, mask):
@@ -128,11 +175,13 @@ def main() -> None:
                 with mock.patch.object(llama_block, "prefill_attention", sdpa):
                     train.step(max(bucketed, key=lambda x: x["history"].shape[1]))
                     best[b]["bf16_sdpa"] = best_times(train.step, bucketed, args.min_seconds)
-            for key, absorb in [("bf16_before_20261207", False), ("bf16_before_20261207_but_absorbed", True)]:
-                if b != "tiger":  # the same step with the dropout and attention of before 2026-12-07
+            for key, patches in [("bf16_before_20261207", before_20261207(False)),
+                                 ("bf16_before_20261207_but_absorbed", before_20261207(True)),
+                                 ("bf16_55f4dfe", as_of_55f4dfe())]:
+                if b != "tiger":  # the same step with the dropout and attention of before 2026-12-07 / 55f4dfe
                     break
                 with contextlib.ExitStack() as stack:
-                    for patch in before_20261207(absorb):
+                    for patch in patches:
                         stack.enter_context(patch)
                     train.step(max(bucketed, key=lambda x: x["history"].shape[1]))
                     best[b][key] = best_times(train.step, bucketed, args.min_seconds)
@@ -168,6 +217,7 @@ def main() -> None:
             row["bf16_vs_before_20261207_cpu"] = round(t["bf16_before_20261207"][1] / t["bf16"][1], 2)
             row["bf16_absorbed_cross_vs_projected_cpu"] = round(
                 t["bf16_before_20261207"][1] / t["bf16_before_20261207_but_absorbed"][1], 2)
+            row["bf16_vs_55f4dfe_cpu"] = round(t["bf16_55f4dfe"][1] / t["bf16"][1], 2)
         if t.get("bf16_p0"):
             row["bf16_dropout0_samples_per_cpu_s"] = round(n_bucketed / t["bf16_p0"][1], 1)
             row["bf16_dropout0_vs_dropout_cpu"] = round(t["bf16"][1] / t["bf16_p0"][1], 2)

@@ -342,16 +342,17 @@ def test_tiger_encoder_block_gradcheck_with_dropout(monkeypatch):
     assert torch.autograd.gradcheck(block, (x, bias, *weights))
 
 
-@pytest.mark.parametrize("memory", ["manual", "checkpoint"])
-def test_tiger_memory_saving_encoder_matches_autograd(memory):
+@pytest.mark.parametrize("memory, dropout", [("manual", 0.0), ("checkpoint", 0.0), ("checkpoint", 0.3)])
+def test_tiger_memory_saving_encoder_matches_autograd(memory, dropout):
     """The training encoder (`EncoderBlock`s, or checkpointed blocks) equals autograd through the
-    `Block`s at dropout 0 in training mode: the encoding and every encoder parameter's gradient
-    (autograd back-propagates through the norms' float32 variance, hence the float32-level
-    tolerance on gradients)."""
+    `Block`s in training mode: the encoding and every encoder parameter's gradient (autograd back-propagates
+    through the norms' float32 variance, hence the float32-level tolerance on gradients). At dropout 0.3 (the same
+    draws) the blocks take the explicit attention, with the stack's `KeyBias` built outside the recomputed layers."""
 
     def run(lean):
-        model, b = make("tiger", dropout=0.0, memory=(memory if lean else "none")), batch()
+        model, b = make("tiger", dropout=dropout, memory=(memory if lean else "none")), batch()
         model.train()
+        torch.manual_seed(1)
         enc = model.encode(b["history"], b["mask"])
         kv = model.cross_kv(enc)
         w = torch.randn(kv.shape, generator=torch.Generator().manual_seed(2), dtype=kv.dtype)
@@ -363,6 +364,16 @@ def test_tiger_memory_saving_encoder_matches_autograd(memory):
     assert grads.keys() == ref_grads.keys() and any("relative_attention_bias" in n for n in grads)
     for n, g in ref_grads.items():
         torch.testing.assert_close(grads[n], g, atol=1e-7 * g.abs().max().item(), rtol=0, msg=n)
+
+
+def test_tiger_float64_trains_under_bf16_autocast():
+    """Autocast leaves float64 alone: the encoder's `KeyBias` term must follow q's dtype (float64), not autocast's."""
+    model, b = make("tiger", dropout=0.3, memory="none"), batch()
+    model.train()
+    with torch.autocast("cpu", torch.bfloat16):
+        out = model.prefix_logits(model.encode(b["history"], b["mask"]), random_prefix(5, 6, 2, seed=3))
+    out.sum().backward()
+    assert out.dtype == torch.float64 and model.encoder[0].attn.bias.relative_attention_bias.weight.grad.abs().sum() > 0
 
 
 def test_tiger_training_attention_matches_sdpa(monkeypatch):

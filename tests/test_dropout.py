@@ -97,6 +97,8 @@ def test_masked_is_the_product_with_the_mask(dtype, layout):
     assert out.dtype == dtype and out.shape == x.shape
     torch.testing.assert_close(out, x * keep, rtol=0, atol=0, equal_nan=True)
     assert torch.equal(torch.signbit(out[~keep]), torch.zeros_like(out[~keep], dtype=torch.bool))
+    special = torch.tensor([float("nan"), float("inf"), -float("inf"), -1.0], dtype=dtype)
+    assert masked(special, torch.zeros(4, dtype=torch.bool)).tolist() == [0.0] * 4  # dropped: +0, not NaN or -0
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64])

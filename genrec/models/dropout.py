@@ -27,6 +27,7 @@ class _KeepScale(torch.autograd.Function):
         return y if scale == 1.0 else y.mul_(scale)
 
     @staticmethod
+    @torch.autograd.function.once_differentiable  # numpy: no double backward
     def backward(ctx, grad: Tensor):
         (keep,) = ctx.saved_tensors
         g = masked(grad, keep)
@@ -46,6 +47,7 @@ class _ReluKeep(torch.autograd.Function):
         return masked(x, live)
 
     @staticmethod
+    @torch.autograd.function.once_differentiable
     def backward(ctx, grad: Tensor):
         (live,) = ctx.saved_tensors
         return masked(grad, live), None
@@ -102,8 +104,8 @@ def _bits(x: Tensor) -> np.ndarray:
 
 
 def masked(x: Tensor, keep: Tensor) -> Tensor:
-    """x where the bool mask keep (same shape, CPU) holds, else +0: x's bits times 0/1 in numpy, ~3x torch's
-    bfloat16 product with a mask converted to bfloat16."""
+    """x where the bool mask keep (same shape, CPU) holds, else +0 (also where x is NaN, inf or negative: a product
+    would give NaN or -0 there): x's bits times 0/1 in numpy, ~3x torch's bfloat16 product with a converted mask."""
     return torch.from_numpy(np.multiply(_bits(x), keep.numpy())).view(x.dtype)
 
 

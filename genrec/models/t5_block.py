@@ -94,9 +94,10 @@ class FeedForward(nn.Module):
 
 class KeyBias:
     """A stack's self-attention position bias [1, H, S, L] and key mask [B, L], shared by its layers; given the
-    scores' dtype (training), also `added`: the two as one term [B H, S, L] (the bias, -inf at masked keys), built
-    once for all layers (training's explicit attention adds it inside the q k^T matmul: one pass instead of three per
-    layer) and outside any layer (activation checkpointing recomputes a layer: it must not build it there)."""
+    scores' dtype (where the layers' attention is explicit: `Block.explicit`), also `added`: the two as one term
+    [B H, S, L] (the bias, -inf at masked keys), built once for all layers (training's explicit attention adds it
+    inside the q k^T matmul: one pass instead of three per layer) and outside any layer (activation checkpointing
+    recomputes a layer: it must not build it there)."""
 
     def __init__(self, bias: Tensor, mask: Tensor, dtype: torch.dtype | None = None) -> None:
         self.bias, self.mask = bias, mask
@@ -134,17 +135,21 @@ class Block(nn.Module):
         y = self.ff.wo(h)  # dropout's 1 / (1 - p) after wo: on d_model, not d_ff, elements (a step ~6% faster)
         return x + self.drop(y if scale == 1.0 else y * scale)
 
+    def explicit(self, dtype: torch.dtype, device: torch.device) -> bool:
+        """Whether `attention` computes explicitly (training), not through SDPA, for queries of this dtype/device."""
+        return self.training and (self.p > 0 or (device.type == "cpu" and dtype == torch.bfloat16))
+
     def attention(self, q: Tensor, k: Tensor, v: Tensor, bias: KeyBias | None, mask: Tensor) -> tuple[Tensor, float]:
         """softmax(q k^T + bias) v (no 1/sqrt(d)) with keys outside mask [B, L] excluded: rows [B, S, H d], and the
         dropout scale 1 / (1 - p) not yet applied to them (1.0 outside training; `Block.out` applies it)."""
         # explicit in training: at p > 0 for the 1-byte dropout masks; at p = 0 in bf16 on CPU too (SDPA's bf16 CPU
         # backward is slow: a step ran 1.37x as fast explicit, benchmarks/training.py --dropout0). Under bf16 autocast
         # the scores stay bf16 (a float32 bias would promote them, the softmax, dropout and their backward)
-        if self.training and (self.p > 0 or (q.device.type == "cpu" and q.dtype == torch.bfloat16)):
+        if self.explicit(q.dtype, q.device):
             if bias is None:
                 s = (q @ k.transpose(-1, -2)).masked_fill_(~mask[:, None, None], float("-inf"))
             else:  # the bias and the mask's -inf in one term, added inside the matmul
-                s = torch.baddbmm(bias.added, q.flatten(0, 1), k.flatten(0, 1).transpose(1, 2))
+                s = torch.baddbmm(bias.added.to(q.dtype), q.flatten(0, 1), k.flatten(0, 1).transpose(1, 2))
                 s = s.unflatten(0, q.shape[:2])
             p, scale = dropout_unscaled(s.softmax(-1), self.p, self.training)
             y = p @ v

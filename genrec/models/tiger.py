@@ -215,9 +215,10 @@ class Tiger(Backbone):
                 for blk in self.encoder:
                     x = EncoderBlock.apply(x, bias, mask, self.p, blk.attn_norm.eps, *blk.weights())
         else:
-            device = x.device.type  # the scores' dtype: autocast's, else the weights'
-            dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
-            bias = KeyBias(bias, mask, dtype if self.training else None)
+            device = x.device.type  # the scores' dtype: autocast's (float64 stays float64), else the weights'
+            autocast = torch.is_autocast_enabled(device) and x.dtype != torch.float64
+            dtype = torch.get_autocast_dtype(device) if autocast else x.dtype
+            bias = KeyBias(bias, mask, dtype if self.encoder[0].explicit(dtype, x.device) else None)
             for blk in self.encoder:
                 attend = blk.plain_attention(bias, mask)
                 x = checkpoint(blk, x, attend, use_reentrant=False) if saving == "checkpoint" else blk(x, attend)
