@@ -40,8 +40,8 @@ class _ReluKeep(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: Tensor, keep: Tensor) -> Tensor:
-        live = keep.numpy()  # a fresh mask (`keep_mask`): ANDed in place with x > 0 (a float's bits as an int: > 0 iff x > 0)
-        np.bitwise_and(live, _bits(x) > 0, out=live)
+        live = keep.numpy()  # a fresh mask (`keep_mask`), ANDed in place with x > 0
+        np.bitwise_and(live, _bits(x) > 0, out=live)  # a float's bits as an int: > 0 iff x > 0
         live = torch.from_numpy(live)
         ctx.save_for_backward(live)
         return masked(x, live)

@@ -100,8 +100,9 @@ class KeyBias:
     recomputes a layer: it must not build it there)."""
 
     def __init__(self, bias: Tensor, mask: Tensor, dtype: torch.dtype | None = None) -> None:
-        self.bias, self.mask = bias, mask
-        self.added = None if dtype is None else torch.where(mask[:, None, None], bias.to(dtype), float("-inf")).flatten(0, 1)
+        self.bias, self.mask, self.added = bias, mask, None
+        if dtype is not None:
+            self.added = torch.where(mask[:, None, None], bias.to(dtype), -math.inf).flatten(0, 1)
 
 
 Attend = Callable[[Attention, Tensor], Tensor]  # (attention, normed x) -> its residual branch drop(o(y))
