@@ -53,28 +53,34 @@ class _ReluKeep(torch.autograd.Function):
         return masked(grad, live), None
 
 
+def _cpu_keep(x: Tensor, p: float, training: bool) -> Tensor | None:
+    """A fresh keep-mask for x where the numpy CPU dropout applies (training, CPU, 0 < p < 1), else None."""
+    on = training and x.device.type == "cpu" and 0.0 < p < 1.0
+    return keep_mask(draw_seed(), x.shape, p, x.device) if on else None
+
+
 def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
     if not training or p == 0.0:
         return x
-    if x.device.type != "cpu" or not 0.0 < p < 1.0:
+    if (keep := _cpu_keep(x, p, training)) is None:
         return F.dropout(x, p, training)
-    return _KeepScale.apply(x, keep_mask(draw_seed(), x.shape, p, x.device), 1.0 / (1.0 - p))
+    return _KeepScale.apply(x, keep, 1.0 / (1.0 - p))
 
 
 def dropout_unscaled(x: Tensor, p: float, training: bool = True) -> tuple[Tensor, float]:
     """Dropout in two parts: (x * keep, 1 / (1 - p)), the scale left to the caller, to apply where the tensor is
     smaller: `dropout(x) @ W == (x * keep) @ W * scale` (TIGER's feed-forward: 8x fewer elements after W). Off (eval,
     p = 0) or on other devices: (`dropout(x, p, training)`, 1.0)."""
-    if training and x.device.type == "cpu" and 0.0 < p < 1.0:
-        return _KeepScale.apply(x, keep_mask(draw_seed(), x.shape, p, x.device), 1.0), 1.0 / (1.0 - p)
+    if (keep := _cpu_keep(x, p, training)) is not None:
+        return _KeepScale.apply(x, keep, 1.0), 1.0 / (1.0 - p)
     return dropout(x, p, training), 1.0
 
 
 def relu_dropout_unscaled(x: Tensor, p: float, training: bool = True) -> tuple[Tensor, float]:
     """`dropout_unscaled(x.relu(), p, training)` in one pass (the same draw, values and gradients; TIGER's
     feed-forward hidden layer, the largest activation of a step)."""
-    if training and x.device.type == "cpu" and 0.0 < p < 1.0:
-        return _ReluKeep.apply(x, keep_mask(draw_seed(), x.shape, p, x.device)), 1.0 / (1.0 - p)
+    if (keep := _cpu_keep(x, p, training)) is not None:
+        return _ReluKeep.apply(x, keep), 1.0 / (1.0 - p)
     return dropout_unscaled(x.relu(), p, training)
 
 

@@ -93,14 +93,14 @@ class FeedForward(nn.Module):
 
 
 class KeyBias:
-    """A stack's self-attention position bias [1, H, S, L] and key mask [B, L], shared by its layers; given the
-    scores' dtype (where the layers' attention is explicit: `Block.explicit`), also `added`: the two as one term
+    """A stack's self-attention position bias [1, H, S, L], shared by its layers; given the scores' dtype (where the
+    layers' attention is explicit: `Block.explicit`), also `added`: the bias and the key mask [B, L] as one term
     [B H, S, L] (the bias, -inf at masked keys), built once for all layers (training's explicit attention adds it
     inside the q k^T matmul: one pass instead of three per layer) and outside any layer (activation checkpointing
     recomputes a layer: it must not build it there)."""
 
     def __init__(self, bias: Tensor, mask: Tensor, dtype: torch.dtype | None = None) -> None:
-        self.bias, self.mask, self.added = bias, mask, None
+        self.bias, self.added = bias, None
         if dtype is not None:
             self.added = torch.where(mask[:, None, None], bias.to(dtype), -math.inf).flatten(0, 1)
 
