@@ -520,13 +520,27 @@ def test_a_metric_the_runs_never_logged_is_named_in_the_notes(tmp_path):
 
 
 def test_a_baseline_no_row_has_is_named_in_the_notes(tmp_path):
-    """baseline=<typo>: no gain column can be computed; the notes say so instead of a table without gains."""
+    """baseline=<an objective these runs lack>: no gain column can be computed; the notes say so instead of a
+    table without gains."""
     for obj in ("ce", "pointwise"):
         write_run(tmp_path / obj, "beauty", "tiger", OBJECTIVES[obj], 1, fake_metrics("beauty", "tiger", obj, 1))
-    s = rep.report([tmp_path], tmp_path / "out", ["recall@10"], baseline="sft")
-    assert "baseline=sft: no row of that objective (rows: APAO-pointwise, CE): no gains" in s["notes"]
+    s = rep.report([tmp_path], tmp_path / "out", ["recall@10"], baseline="msl")
+    assert "baseline=msl: no row of that objective (rows: APAO-pointwise, CE): no gains" in s["notes"]
     assert all(c["gain"] is None for c in s["cells"])
     assert not any("baseline=" in n for n in rep.report([tmp_path], tmp_path / "out2", ["recall@10"])["notes"])
+
+
+def test_a_baseline_no_objective_has_is_refused_before_writing(tmp_path):
+    """baseline=<typo> (no shipped objective's label, nor a variant of one): refused, naming the key and the
+    labels, with nothing written; variants and recipe rows of a shipped label pass."""
+    for obj in ("ce", "pointwise"):
+        write_run(tmp_path / obj, "beauty", "tiger", OBJECTIVES[obj], 1, fake_metrics("beauty", "tiger", obj, 1))
+    with pytest.raises(rep.UnknownBaseline, match=r"baseline=cee: no objective has that row label \(objectives: "
+                       r"APAO-pairwise, APAO-pointwise, BEAR, CE, MSL.*rows here: APAO-pointwise, CE\)"):
+        rep.report([tmp_path], tmp_path / "out", ["recall@10"], baseline="cee")
+    assert not (tmp_path / "out").exists()
+    for ok in ("BEAR (form=regularizer)", "CE [apao_release]", "s-dpo+bear"):
+        assert f"baseline={ok}: no row" in " ".join(rep.report([tmp_path], tmp_path / "o", ["recall@10"], baseline=ok)["notes"])
 
 
 def test_a_sweep_compares_configs_on_the_seeds_they_share(tmp_path):

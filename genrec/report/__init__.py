@@ -31,12 +31,17 @@ from typing import Callable, Sequence
 
 from genrec.report import plots  # noqa: F401  (tests patch genrec.report.plots)
 from genrec.report.figures import diagnostic_plots, sensitivity_plots
-from genrec.report.load import BACKBONE_NAMES, Run, base_label, load_runs, mark_recipes, objective_label  # noqa: F401
+from genrec.report.load import (BACKBONE_NAMES, Run, base_label, is_row_label, load_runs, mark_recipes,  # noqa: F401
+                                objective_label, shipped_labels)
 from genrec.report.page import write_page
 from genrec.report.paired import paired
 from genrec.report.select import choose, group, shared_seeds, sortable, varying
 from genrec.report.table import Reference, cells, text, write_tables
 from genrec.runs import write_text
+
+
+class UnknownBaseline(ValueError):
+    """`baseline` is no objective's row label (a typo)."""
 
 
 def report(runs: Sequence[str | Path], out: str | Path, metrics: Sequence[str] = ("recall@10", "ndcg@10", "recall@20",
@@ -46,19 +51,25 @@ def report(runs: Sequence[str | Path], out: str | Path, metrics: Sequence[str] =
            rebuild: str | None = None) -> dict:
     """Write the tables, plots and summary.json for the runs `loader(runs)` finds, and with `page` the results
     page (`page_intro`: markdown under its title; `rebuild`: the command shown to rebuild it); return the
-    summary. Raises FileNotFoundError, writing nothing, when there is no run or no `page_intro` file."""
+    summary. Raises FileNotFoundError, writing nothing, when there is no run or no `page_intro` file, and
+    UnknownBaseline when no objective has the `baseline` row label."""
     if page and page_intro and not Path(page_intro).is_file():
         raise FileNotFoundError(f"page_intro={page_intro}: no such file")
     found = loader(runs, stale_minutes)
     if not found:
         raise FileNotFoundError(f"no run dirs (config.yaml) under {', '.join(map(str, runs))}")
     mark_recipes(found)
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     metrics = list(metrics)
     order = {r.label: r.order for r in found}
     groups = group(found)
     chosen = {k: choose(v, select) for k, v in groups.items()}
+    labels = sorted({base_label(lab) for _, _, lab in chosen})
+    absent = bool(chosen) and baseline.lower() not in map(str.lower, labels)
+    if absent and not is_row_label(baseline):  # a typo: refused before anything is written
+        raise UnknownBaseline(f"baseline={baseline}: no objective has that row label (objectives: "
+                              f"{', '.join(shipped_labels())}; rows here: {', '.join(labels)})")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
     scored_on = {k: shared_seeds(v) for k, v in groups.items()}
     df = cells(chosen, order, metrics, split, baseline, paper)
     files = write_tables(out, df)
@@ -83,8 +94,7 @@ def report(runs: Sequence[str | Path], out: str | Path, metrics: Sequence[str] =
             over = (f" over seed{'s' * (len(seeds) > 1)} {', '.join(map(str, sorted(seeds, key=sortable)))}, the "
                     "seeds they share" if seeds and any({r.seed for r in x.runs} != seeds for x in tried) else "")
             notes.append(f"{d}/{b}/{lab}: best of {len(tried)} configs on {select or v.runs[0].monitor}{over}: {picked}")
-    labels = sorted({base_label(lab) for _, _, lab in chosen})
-    if chosen and baseline.lower() not in map(str.lower, labels):
+    if absent:  # an objective these runs lack
         notes.append(f"baseline={baseline}: no row of that objective (rows: {', '.join(labels)}): no gains")
     pairs, unpaired = paired(chosen, metrics, split, baseline)
     notes += unpaired

@@ -9,7 +9,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from genrec.cli import check_command_line
 from genrec.config_check import exit_if_invalid, refuse
-from genrec.report import report
+from genrec.report import UnknownBaseline, report
 from genrec.report.page import rebuild_command
 from genrec.report.wandb_runs import resolve, run_group
 
@@ -50,7 +50,7 @@ def main(cfg: DictConfig) -> None:
         s = report(runs, cfg.out, list(cfg.metrics), cfg.baseline, cfg.split, cfg.select, cfg.stale_minutes,
                    paper=paper, page=cfg.page, page_intro=cfg.page_intro,
                    rebuild=rebuild_command(OmegaConf.to_container(cfg, resolve=True)))
-    except FileNotFoundError as e:
+    except (FileNotFoundError, UnknownBaseline) as e:
         refuse(e)
     print((Path(cfg.out) / "table.md").read_text())
     print("\n".join(s["notes"] + [f"runs: {s['runs']}", f"wrote {cfg.out}/: " + ", ".join(s["files"])]

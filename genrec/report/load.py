@@ -18,7 +18,7 @@ import pandas as pd
 import yaml
 from omegaconf import OmegaConf
 
-from genrec.config_check import compose_command
+from genrec.config_check import CONF, compose_command
 from genrec.runs import EXECUTION, defining, flatten, listed, moved_targets, with_added
 
 # Config keys that do not define the experiment (seeds are averaged; the rest: where and how a run executes).
@@ -181,6 +181,25 @@ def mark_recipes(runs: list[Run]) -> None:
 def base_label(label: str) -> str:
     """The label without its recipe suffix: "CE [apao_release]" -> "CE"."""
     return re.sub(r" \[[^\]]*\]$", "", label)
+
+
+@cache
+def shipped_labels() -> tuple[str, ...]:
+    """The row labels of conf/objective's configs, each composed as `genrec.train objective=<name>` composes it."""
+    labels = set()
+    for p in sorted((CONF / "objective").glob("*.yaml")):
+        cfg = compose_command([f"objective={p.stem}"])
+        protocol = cfg.get("protocol")
+        labels.add(objective_row(OmegaConf.to_container(cfg.objective, resolve=True),
+                                 OmegaConf.to_container(protocol, resolve=True) if protocol is not None else None)[1])
+    return tuple(sorted(labels))
+
+
+def is_row_label(name: str) -> bool:
+    """Whether `name` (any case) is a shipped objective's row label, or one of its variants ("BEAR (form=...)")."""
+    known = {lab.lower() for lab in shipped_labels()}
+    name = base_label(name).lower()
+    return name in known or re.sub(r" \(.*\)$", "", name) in {re.sub(r" \(.*\)$", "", k) for k in known}
 
 
 def read_json(path: Path) -> dict | None:
