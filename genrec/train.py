@@ -48,6 +48,9 @@ from genrec.runs import (RunDirInUse, checkpoint_path, claim, config_changes, he
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
 VOLATILE = ("resume", "run_dir")  # config keys that may differ between a run and its resumption
+# rank 0's resume choice ("": none) for the DDP processes Lightning starts by running this command again: their
+# own search would not see the run dir rank 0 now holds (`held_elsewhere`), and ranks resuming different runs hang
+RESUME_CHOICE = "GENREC_RESUME_DIR"
 
 
 def keep_logged_rows(logger, epoch: int) -> None:
@@ -96,9 +99,11 @@ def started(run_dir: Path) -> bool:
 def find_resume_dir(cfg: DictConfig) -> Path | None:
     """The run dir to continue: `resume=<run dir or ckpt>`, or with `resume=true` this run dir if a run started
     in it (from its last.ckpt, or stage 1's, else over), else the newest sibling run with the same config and a
-    last.ckpt that no live process holds."""
+    last.ckpt that no live process holds. A DDP run's other processes continue what rank 0 chose."""
     if cfg.resume in (False, None, "false"):
         return None
+    if rank_zero_only.rank > 0 and RESUME_CHOICE in os.environ:  # a DDP process that rank 0 started: its choice
+        return Path(os.environ[RESUME_CHOICE]) if os.environ[RESUME_CHOICE] else None
     here = Path(cfg.run_dir)
     if cfg.resume not in (True, "true"):
         path = Path(str(cfg.resume))
@@ -109,8 +114,11 @@ def find_resume_dir(cfg: DictConfig) -> Path | None:
     if started(here):  # with no checkpoint yet it starts over, in place
         return here
     want = _comparable(cfg)
+    # a live run is not to resume; ranks > 0 that a cluster's launcher started (not rank 0) do not ask: rank 0 may
+    # hold theirs already
+    free = (lambda d: True) if rank_zero_only.rank > 0 else (lambda d: not held_elsewhere(d))
     runs = [(c.stat().st_mtime, d) for d in (here.parent.iterdir() if here.parent.is_dir() else [])
-            if d != here and (c := last_checkpoint(d)) and not held_elsewhere(d)]  # a live run is not to resume
+            if d != here and (c := last_checkpoint(d)) and free(d)]
     for _, run in sorted(runs, reverse=True):
         saved = run / ".hydra" / "config.yaml"
         if saved.exists() and _comparable(OmegaConf.load(saved)) == want:
@@ -236,6 +244,8 @@ def _run(cfg: DictConfig) -> dict:
     start = time.time()
     check(cfg, trainer=True)
     resume_dir = find_resume_dir(cfg)
+    if rank_zero_only.rank == 0:
+        os.environ[RESUME_CHOICE] = str(resume_dir or "")
     if resume_dir is not None:
         with open_dict(cfg):
             cfg.run_dir = str(resume_dir)

@@ -3,7 +3,10 @@
 import json
 import os
 import re
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +17,7 @@ from hydra import compose, initialize_config_dir
 from genrec.data.datamodule import LengthBatches
 from genrec.lit import GenRec
 from genrec.train import run
-from run_helpers import CPU_DDP, run_or_dump
+from run_helpers import CPU_DDP, reproducible, run_or_dump
 
 ROOT = Path(__file__).parents[1]
 
@@ -234,3 +237,37 @@ def test_a_hung_run_fails_with_every_process_stack():
     assert "child_waits()" in listing.splitlines()[-1]  # the processes, parent first, as they were aborted
     assert all(re.fullmatch(r'  File ".+", line \d+ in \S+', line) for line in shown.splitlines() if "File" in line)
     assert shown.index("child_waits") > shown.index("parent_waits")  # one whole stack after the other
+
+
+def test_ddp_resume_true_continues_the_killed_run_beside_it_on_every_rank(tmp_path):
+    """`resume=true` in a new run dir finds the killed run beside it: both DDP processes continue that run, and it
+    ends with the metrics of the run never killed. (Rank 1, which Lightning starts by running the command again,
+    used to search by itself, found the run held by rank 0, started fresh, and the two ranks hung.) The kill comes
+    after the first epoch's last.ckpt and before the run ends (both asserted), not at a chosen step."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    args = [sys.executable, "-m", "genrec.train", "experiment=tiny", *CPU_DDP, "trainer.devices=2", "trainer.max_epochs=3",
+            "trainer.limit_train_batches=4", f"data_dir={tmp_path / 'data'}"]
+    full = tmp_path / "full" / "run"
+    out = run_or_dump([*args, f"hydra.run.dir={full}"], cwd=ROOT, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    killed = tmp_path / "runs" / "a"
+    proc = subprocess.Popen([*args, f"hydra.run.dir={killed}"], cwd=ROOT, env=env, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(3000):
+            if (killed / "checkpoints" / "last.ckpt").exists() or proc.poll() is not None:
+                break
+            time.sleep(0.1)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert not (killed / "metrics.json").exists(), "the run ended before the kill"
+    ckpt = torch.load(killed / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert ckpt["epoch"] < 2
+    out = run_or_dump([*args, f"hydra.run.dir={tmp_path / 'runs' / 'b'}", "resume=true"], cwd=ROOT, env=env,
+                      timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert f"resume: continuing {killed}" in out.stderr + out.stdout and "starting fresh" not in out.stderr + out.stdout
+    assert not (tmp_path / "runs" / "b").exists()  # nothing was trained there, by any rank
+    assert reproducible(json.loads((killed / "metrics.json").read_text())) == \
+        reproducible(json.loads((full / "metrics.json").read_text()))
