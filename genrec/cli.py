@@ -12,6 +12,7 @@ from __future__ import annotations
 import difflib
 import re
 import sys
+from typing import Callable
 
 from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
 from omegaconf import DictConfig
@@ -74,9 +75,11 @@ def one_line(config_name: str, overrides: list[str], error: Exception) -> str:
     return " ".join(line.strip() for line in message.splitlines() if line.strip())
 
 
-def check_command_line(config_name: str, argv: list[str] | None = None) -> None:
+def check_command_line(config_name: str, argv: list[str] | None = None,
+                       check: Callable[[DictConfig], str | None] | None = None) -> None:
     """Compose `config_name` with the command line's overrides (each value of a `-m` grid once; `hydra.*` keys are
-    Hydra's own, its `hydra/` groups are composed too); one line and exit 2 if it does not compose."""
+    Hydra's own, its `hydra/` groups are composed too); one line and exit 2 if it does not compose, or if `check`
+    finds an error in a composed config (e.g. genrec.evaluate's ckpt: so a grid is refused before its first job)."""
     args = sys.argv[1:] if argv is None else argv
     if any(a.startswith("-") and a not in HYDRA_FLAGS for a in args):
         return
@@ -84,7 +87,10 @@ def check_command_line(config_name: str, argv: list[str] | None = None) -> None:
     job = overrides  # what a parse error names (_jobs raises before any job)
     try:
         for job in _jobs(overrides) if any(a in HYDRA_FLAGS for a in args) else [overrides]:
-            compose_command(job, config_name)
+            cfg = compose_command(job, config_name)
+            if check and (bad := check(cfg)):
+                print(f"error: {bad}", file=sys.stderr)
+                sys.exit(2)
     except (ConfigCompositionException, MissingConfigException, OverrideParseException) as e:
         print(f"error: {one_line(config_name, job, e)}", file=sys.stderr)
         sys.exit(2)

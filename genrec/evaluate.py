@@ -28,7 +28,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from genrec.cli import check_command_line
-from genrec.config_check import ConfigError, check, evaluate_keys, exit_if_invalid, refuse, with_eval
+from genrec.config_check import ConfigError, check, evaluate_keys, refuse, with_eval
 from genrec.data.datamodule import SeqDataModule
 from genrec.data.readers.common import DataError
 from genrec.eval.module import EvalModule
@@ -90,12 +90,25 @@ def evaluate(cfg: DictConfig) -> dict:
     return result
 
 
+def command_error(cfg: DictConfig) -> str | None:
+    """The first thing wrong with the command, else None: ckpt missing, a bad value (a null eval key: the run's,
+    checked once merged with it), a ckpt that is no run or checkpoint. For every job of a `-m` grid before the
+    first one runs (`check_command_line`), and in each job."""
+    if OmegaConf.is_missing(cfg, "ckpt") or not cfg.ckpt:
+        return ("ckpt: missing: the run to evaluate, ckpt=<run dir or .ckpt> (a run dir: its checkpoints/best.ckpt, "
+                "else last.ckpt)")
+    try:
+        check(cfg, trainer=True)
+        locate(str(cfg.ckpt))
+    except (ConfigError, DataError) as e:
+        return str(e)
+    return None
+
+
 @hydra.main(version_base="1.3", config_path="../conf", config_name="evaluate")
 def main(cfg: DictConfig) -> None:
-    if OmegaConf.is_missing(cfg, "ckpt") or not cfg.ckpt:
-        refuse("ckpt: missing: the run to evaluate, ckpt=<run dir or .ckpt> (a run dir: its checkpoints/best.ckpt, "
-               "else last.ckpt)")
-    exit_if_invalid(cfg, trainer=True)  # this command's values (a null eval key: the run's), before the run is read
+    if bad := command_error(cfg):
+        refuse(bad)
     try:
         result = evaluate(cfg)
     except (DataError, ConfigError) as e:  # a missing run; an eval key that does not fit the run's (eval.ks > beam)
@@ -104,6 +117,6 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    check_command_line("evaluate")  # an override that does not compose: one line, exit 2
+    check_command_line("evaluate", check=command_error)  # a bad override or ckpt: one line, exit 2, before any job
     torch.set_float32_matmul_precision("high")  # as genrec.train: the same float32 matmuls as the run
     main()

@@ -270,6 +270,22 @@ def test_cli_prints_one_line_and_does_no_work(tmp_path, module, args, line):
     assert not (tmp_path / "run").exists()  # no run dir left for a report to list as running, then failed
 
 
+def test_an_evaluate_grid_with_one_bad_ckpt_runs_no_job(tmp_path):
+    """`genrec.evaluate -m ckpt=<a run>,<nowhere>`: job 0's run exists (a run dir with config.yaml and a checkpoint
+    file), job 1's does not: one line, exit 2, and job 0 never starts (no sweep dir, no evaluation written)."""
+    run = tmp_path / "run0"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "config.yaml").write_text("seed: 1\n")
+    (run / "checkpoints" / "best.ckpt").write_bytes(b"")
+    out = _cli(tmp_path, "genrec.evaluate", "-m", f"ckpt={run},{tmp_path}/nowhere", f"hydra.sweep.dir={tmp_path}/sweep")
+    assert (out.returncode, out.stderr) == (2, f"error: ckpt={tmp_path}/nowhere: checkpoint {tmp_path}/nowhere does "
+                                               "not exist\n")
+    assert not (tmp_path / "sweep").exists() and not (run / "eval").exists()
+    out = _cli(tmp_path, "genrec.evaluate", "-m", "split=val,test", f"hydra.sweep.dir={tmp_path}/sweep")
+    assert (out.returncode, out.stderr[:20]) == (2, "error: ckpt: missing")  # no ckpt at all: not job 0's refusal
+    assert not (tmp_path / "sweep").exists()
+
+
 @pytest.mark.parametrize("args,line", [
     # tokenizer=rqkmeans: experiment=tiny's tokenizer.levels are no argument of the release's precomputed IDs
     (["dataset=apao_office", "tokenizer=rqkmeans", "dataset.root=nowhere"],
