@@ -116,9 +116,8 @@ def find_resume_dir(cfg: DictConfig) -> Path | None:
     want = _comparable(cfg)
     # a live run is not to resume; ranks > 0 that a cluster's launcher started (not rank 0) do not ask: rank 0 may
     # hold theirs already
-    free = (lambda d: True) if rank_zero_only.rank > 0 else (lambda d: not held_elsewhere(d))
     runs = [(c.stat().st_mtime, d) for d in (here.parent.iterdir() if here.parent.is_dir() else [])
-            if d != here and (c := last_checkpoint(d)) and free(d)]
+            if d != here and (c := last_checkpoint(d)) and (rank_zero_only.rank > 0 or not held_elsewhere(d))]
     for _, run in sorted(runs, reverse=True):
         saved = run / ".hydra" / "config.yaml"
         if saved.exists() and _comparable(OmegaConf.load(saved)) == want:

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
 
 from genrec.data.datamodule import LengthBatches
 from genrec.lit import GenRec
@@ -245,8 +246,8 @@ def test_ddp_resume_true_continues_the_killed_run_beside_it_on_every_rank(tmp_pa
     used to search by itself, found the run held by rank 0, started fresh, and the two ranks hung.) The kill comes
     after the first epoch's last.ckpt and before the run ends (both asserted), not at a chosen step."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    args = [sys.executable, "-m", "genrec.train", "experiment=tiny", *CPU_DDP, "trainer.devices=2", "trainer.max_epochs=3",
-            "trainer.limit_train_batches=4", f"data_dir={tmp_path / 'data'}"]
+    args = [sys.executable, "-m", "genrec.train", "experiment=tiny", *CPU_DDP, "trainer.devices=2",
+            "trainer.max_epochs=3", "trainer.limit_train_batches=4", f"data_dir={tmp_path / 'data'}"]
     full = tmp_path / "full" / "run"
     out = run_or_dump([*args, f"hydra.run.dir={full}"], cwd=ROOT, env=env, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -271,3 +272,33 @@ def test_ddp_resume_true_continues_the_killed_run_beside_it_on_every_rank(tmp_pa
     assert not (tmp_path / "runs" / "b").exists()  # nothing was trained there, by any rank
     assert reproducible(json.loads((killed / "metrics.json").read_text())) == \
         reproducible(json.loads((full / "metrics.json").read_text()))
+
+
+def test_resume_true_on_ranks_above_0_takes_rank_0s_choice_else_a_held_run(tmp_path, monkeypatch):
+    """find_resume_dir beside a killed-then-claimed run `a` (another live process holds it, as rank 0 does once it
+    resumed it): rank 0 leaves it (a live run is not to resume); a rank > 0 takes rank 0's choice when rank 0
+    started it (GENREC_RESUME_DIR, "" = none), and without one (a cluster's launcher started it) takes `a` anyway."""
+    from genrec import train as T
+
+    runs = tmp_path / "runs"
+    (runs / "a" / "checkpoints").mkdir(parents=True)
+    (runs / "a" / "checkpoints" / "last.ckpt").write_bytes(b"")
+    (runs / "a" / ".hydra").mkdir()
+    (runs / "a" / ".hydra" / "config.yaml").write_text(f"resume: false\nrun_dir: {runs / 'a'}\nseed: 1\n")
+    cfg = OmegaConf.create({"resume": True, "run_dir": str(runs / "b"), "seed": 1})
+    hold = (f"import time; from pathlib import Path; from genrec.runs import claim; claim(Path({str(runs / 'a')!r})); "
+            "print('held', flush=True); time.sleep(300)")
+    holder = subprocess.Popen([sys.executable, "-c", hold], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        monkeypatch.delenv(T.RESUME_CHOICE, raising=False)
+        assert T.find_resume_dir(cfg) is None  # rank 0
+        monkeypatch.setattr(T.rank_zero_only, "rank", 1)
+        assert T.find_resume_dir(cfg) == runs / "a"  # no choice passed down
+        monkeypatch.setenv(T.RESUME_CHOICE, "")
+        assert T.find_resume_dir(cfg) is None
+        monkeypatch.setenv(T.RESUME_CHOICE, str(tmp_path / "elsewhere"))
+        assert T.find_resume_dir(cfg) == tmp_path / "elsewhere"
+    finally:
+        holder.kill()
+        holder.wait()

@@ -197,9 +197,10 @@ def shipped_labels() -> tuple[str, ...]:
 
 def is_row_label(name: str) -> bool:
     """Whether `name` (any case) is a shipped objective's row label, or one of its variants ("BEAR (form=...)")."""
-    known = {lab.lower() for lab in shipped_labels()}
-    name = base_label(name).lower()
-    return name in known or re.sub(r" \(.*\)$", "", name) in {re.sub(r" \(.*\)$", "", k) for k in known}
+    def bare(label: str) -> str:  # without its recipe and variant suffixes, lower case
+        return re.sub(r" \(.*\)$", "", base_label(label)).lower()
+
+    return bare(name) in {bare(lab) for lab in shipped_labels()}
 
 
 def read_json(path: Path) -> dict | None:
