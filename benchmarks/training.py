@@ -17,7 +17,8 @@ elements, float32-promoted attention scores, the decoder's cross-attention over 
 instead of the states themselves), as a ratio, and the ratio the cross-attention alone makes; and as of commit
 55f4dfe (`bf16_vs_55f4dfe_cpu`: torch products with numpy-converted masks, relu and dropout in separate passes, per
 layer the position bias and the key mask applied to the scores out of place, the attention dropout's scale on the
-probabilities), as a ratio. For the bf16
+probabilities), as a ratio; and (`bf16_one_sequence_decoder_vs_candidates_cpu`) CE's decoder as it ran before 2026-12-07 pm, one
+candidate through the candidates' self-attention pattern instead of one causal sequence, as a ratio. For the bf16
 step also its matmul FLOPs (forward and backward, torch's FlopCounterMode) per CPU second, as a share of one large
 bf16 matmul's on this CPU (`bf16_of_matmul_peak`: the roofline; what is left above it is all a faster step could
 gain while the model's arithmetic stays the same). The cores
@@ -42,6 +43,7 @@ import torch.nn.functional as F
 
 from genrec.models import dropout as dropout_module
 from genrec.models import llama_block, t5_block, tiger
+from genrec.models.base import BOS
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -129,6 +131,22 @@ def as_of_55f4dfe() -> list:
             no_added_bias()]
 
 
+def candidate_decode(self: tiger.Tiger, enc: tiger.TigerEncoding, prefix: torch.Tensor) -> torch.Tensor:
+    """`Tiger._decode` for CE before 2026-12-07 pm: one candidate (N = 1) through the candidates' self-attention
+    pattern (`Tiger._candidate_attention`: bos apart, q/k/v per part) instead of one causal sequence."""
+    B, N, m = prefix.shape
+    x0 = self._dropout(self.embed(prefix.new_full((B, 1, 1), BOS)))
+    x = self._dropout(self.embed(prefix))
+    bias = self._self_bias(0, m + 1, x)
+    z = torch.cat([x0.reshape(B, 1, -1), x.reshape(B, N * m, x.shape[-1])], 1)
+    absorbed = tiger.absorbs(z.shape[1], enc.mask.shape[1], self.d_kv)
+    crosses = [blk.absorbed_cross(enc.states, enc.mask) for blk in self.decoder] if absorbed else [
+        blk.projected_cross(k, v, enc.mask) for blk, (k, v) in zip(self.decoder, self.cross_kv(enc))]
+    for blk, cross in zip(self.decoder, crosses):
+        z = blk(z, self._candidate_attention(blk, bias, N, m), cross)
+    return self._head_input(z)
+
+
 def sdpa_cross_attention(block: t5_block.Block, q, k, v, bias, mask):
     """TIGER's decoder attention through SDPA (its eval path), as training at dropout 0 ran before 2026-12-06."""
     training, block.training = block.training, False
@@ -177,7 +195,8 @@ def main() -> None:
                     best[b]["bf16_sdpa"] = best_times(train.step, bucketed, args.min_seconds)
             for key, patches in [("bf16_before_20261207", before_20261207(False)),
                                  ("bf16_before_20261207_but_absorbed", before_20261207(True)),
-                                 ("bf16_55f4dfe", as_of_55f4dfe())]:
+                                 ("bf16_55f4dfe", as_of_55f4dfe()),
+                                 ("bf16_candidate_decoder", [mock.patch.object(tiger.Tiger, "_decode", candidate_decode)])]:
                 if b != "tiger":  # the same step with the dropout and attention of before 2026-12-07 / 55f4dfe
                     break
                 with contextlib.ExitStack() as stack:
@@ -218,6 +237,7 @@ def main() -> None:
             row["bf16_absorbed_cross_vs_projected_cpu"] = round(
                 t["bf16_before_20261207"][1] / t["bf16_before_20261207_but_absorbed"][1], 2)
             row["bf16_vs_55f4dfe_cpu"] = round(t["bf16_55f4dfe"][1] / t["bf16"][1], 2)
+            row["bf16_one_sequence_decoder_vs_candidates_cpu"] = round(t["bf16_candidate_decoder"][1] / t["bf16"][1], 2)
         if t.get("bf16_p0"):
             row["bf16_dropout0_samples_per_cpu_s"] = round(n_bucketed / t["bf16_p0"][1], 1)
             row["bf16_dropout0_vs_dropout_cpu"] = round(t["bf16"][1] / t["bf16_p0"][1], 2)

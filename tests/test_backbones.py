@@ -376,18 +376,21 @@ def test_tiger_float64_trains_under_bf16_autocast():
     assert out.dtype == torch.float64 and model.encoder[0].attn.bias.relative_attention_bias.weight.grad.abs().sum() > 0
 
 
-def test_tiger_training_attention_matches_sdpa(monkeypatch):
+@pytest.mark.parametrize("N", [6, 1])
+def test_tiger_training_attention_matches_sdpa(monkeypatch, N):
     """Training with dropout (or in bf16 on CPU) computes attention explicitly (the 1-byte dropout masks; SDPA's slow
     bf16 CPU backward): the encoder's with its bias and key mask added inside the q k^T matmul (`KeyBias`), the
-    decoder's cross-attention, the dropout scale folded into o's weight; with every dropout keeping everything it
-    must equal the eval path (SDPA): outputs and every parameter's gradient (the position bias's included)."""
+    decoder's cross-attention, the dropout scale folded into o's weight, and one candidate's (N = 1) causal
+    self-attention as the encoder's; with every dropout keeping everything it must equal the eval path (SDPA, which
+    `test_prefix_logits_match_hf_and_per_candidate` checks against HF): outputs and every parameter's gradient (the
+    position biases' included)."""
     import genrec.models.dropout as dropout_module
     import genrec.models.t5_block as block_module
     import genrec.models.tiger as tiger_module
 
     model, b = make("tiger", dropout=0.3, memory="none"), batch()
-    prefix = random_prefix(5, 6, 2, seed=3)
-    weight = torch.randn(5, 6, 3, model.embed.weight.shape[0], generator=torch.Generator().manual_seed(4),
+    prefix = random_prefix(5, N, 2, seed=3)
+    weight = torch.randn(5, N, 3, model.embed.weight.shape[0], generator=torch.Generator().manual_seed(4),
                          dtype=torch.float64)
 
     def run():
